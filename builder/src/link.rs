@@ -1,0 +1,108 @@
+//! Our own link step: bitcode of the kernel crate + `core` + `compiler_builtins` → PTX.
+
+use std::path::{Path, PathBuf};
+
+use crate::toolchain::{Toolchain, run};
+use crate::{BuildError, Result};
+
+pub const TARGET: &str = "nvptx64-nvidia-cuda";
+
+/// The kernel crate's bitcode and the rlibs of its `-Zbuild-std` dependencies.
+pub struct KernelBitcode {
+    kernel: PathBuf,
+    rlibs: Vec<PathBuf>,
+}
+
+impl KernelBitcode {
+    /// Locates the newest `<crate>-*.bc` and the `core` / `compiler_builtins` rlibs.
+    pub fn find(target_dir: &Path, crate_name: &str) -> Result<Self> {
+        let deps = target_dir.join(TARGET).join("release/deps");
+        let newest = |prefix: &str, suffix: &str| -> Result<PathBuf> {
+            std::fs::read_dir(&deps)
+                .map_err(|e| BuildError(format!("reading {}: {e}", deps.display())))?
+                .flatten()
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(prefix) && name.ends_with(suffix)
+                })
+                .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+                .map(|e| e.path())
+                .ok_or_else(|| BuildError(format!("no {prefix}*{suffix} in {}", deps.display())))
+        };
+        Ok(Self {
+            kernel: newest(&format!("{crate_name}-"), ".bc")?,
+            rlibs: vec![newest("libcore-", ".rlib")?, newest("libcompiler_builtins-", ".rlib")?],
+        })
+    }
+}
+
+/// Links, internalizes all but the kernel entry points, optimizes and emits PTX.
+pub fn link_to_ptx(
+    tc: &Toolchain,
+    bitcode: &KernelBitcode,
+    work_dir: &Path,
+    arch: &str,
+    ptx_isa: &str,
+) -> Result<String> {
+    let work = work_dir.join("link");
+    let members = work.join("members");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&members)
+        .map_err(|e| BuildError(format!("creating {}: {e}", members.display())))?;
+
+    let mut inputs = vec![bitcode.kernel.clone()];
+    for rlib in &bitcode.rlibs {
+        run(std::process::Command::new(tc.llvm_tool("llvm-ar"))
+            .arg("x")
+            .arg("--output")
+            .arg(&members)
+            .arg(rlib))?;
+    }
+    let mut objects: Vec<PathBuf> = std::fs::read_dir(&members)
+        .map_err(|e| BuildError(format!("reading {}: {e}", members.display())))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "o"))
+        .collect();
+    objects.sort();
+    inputs.extend(objects);
+
+    let entries = kernel_entries(tc, &bitcode.kernel)?;
+    if entries.is_empty() {
+        return Err(BuildError("the kernel crate exports no #[no_mangle] kernels".into()));
+    }
+
+    let linked = work.join("linked.bc");
+    let optimized = work.join("opt.bc");
+    let ptx = work.join("kernels.ptx");
+    run(std::process::Command::new(tc.llvm_tool("llvm-link"))
+        .arg("--only-needed")
+        .args(&inputs)
+        .arg("-o")
+        .arg(&linked))?;
+    run(std::process::Command::new(tc.llvm_tool("opt"))
+        .arg("-passes=internalize,globaldce,default<O3>")
+        .arg(format!("--internalize-public-api-list={}", entries.join(",")))
+        .arg(&linked)
+        .arg("-o")
+        .arg(&optimized))?;
+    run(std::process::Command::new(tc.llvm_tool("llc"))
+        .args(["-O3", &format!("-mcpu={arch}"), &format!("-mattr=+{ptx_isa}")])
+        .arg(&optimized)
+        .arg("-o")
+        .arg(&ptx))?;
+    std::fs::read_to_string(&ptx).map_err(|e| BuildError(format!("reading {}: {e}", ptx.display())))
+}
+
+/// Unmangled (`#[no_mangle]`) functions defined by the kernel crate: its entry points.
+fn kernel_entries(tc: &Toolchain, kernel_bc: &Path) -> Result<Vec<String>> {
+    let out = run(std::process::Command::new(tc.llvm_tool("llvm-nm"))
+        .args(["--defined-only", "--extern-only", "--format=just-symbols"])
+        .arg(kernel_bc))?;
+    Ok(String::from_utf8_lossy(&out)
+        .lines()
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && !s.starts_with("_ZN") && !s.starts_with("_R") && !s.starts_with("rust_"))
+        .map(String::from)
+        .collect())
+}

@@ -1,0 +1,255 @@
+//! The benchmark: times plans on a shape table (the FlashInfer harness's `shapes.json` format)
+//! with CUDA-graph replays, beside the card's read ceiling measured in the same run.
+//!
+//! Method (as the FlashInfer harness): random data, pages in random permutation, 20 `run` calls
+//! captured in one graph, median of 15 replays ÷ 20. Bytes are `2·Σlen·Hkv·D·sizeof(T) + 2·|q|·sizeof(T)`.
+
+use std::path::PathBuf;
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
+use crate::{BatchPagedDecodePlan, Device, Element, PlanPreference};
+
+/// One row of the shape table.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Shape {
+    pub name: String,
+    pub batch: usize,
+    #[serde(default)]
+    pub kv_len: Option<usize>,
+    #[serde(default)]
+    pub lens: Option<Vec<usize>>,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub page: usize,
+    pub dtype: String,
+}
+
+impl Shape {
+    pub fn spec(&self) -> ProblemSpec {
+        let lens = match (&self.lens, self.kv_len) {
+            (Some(l), _) => l.clone(),
+            (None, Some(n)) => vec![n; self.batch],
+            (None, None) => vec![0; self.batch],
+        };
+        ProblemSpec { lens, ..ProblemSpec::uniform(self.batch, 0, self.hq, self.hkv, self.d, self.page) }
+    }
+}
+
+/// One result row (the format `compare.py` reads).
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    pub name: String,
+    pub us: f64,
+    pub tb_s: f64,
+    pub pct_of_ceiling: f64,
+    pub num_splits: u32,
+    pub max_rel_err: Option<f64>,
+}
+
+/// Options of the `bench` subcommand.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub shapes: PathBuf,
+    pub json: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    pub check: bool,
+}
+
+/// Median time of one call.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub us: f64,
+}
+
+/// Times `plan` on `dev`: `calls` runs captured in one CUDA graph, median of `replays` replays.
+pub fn time_plan<T: Element>(
+    device: &Device,
+    plan: &BatchPagedDecodePlan<T>,
+    dev: &mut DeviceProblem<T>,
+    calls: usize,
+    replays: usize,
+) -> Result<Timing> {
+    let stream = &device.stream;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (|| {
+        for _ in 0..calls {
+            let (mut args, mut ws) = dev.args_and_workspace();
+            plan.run(stream, &mut ws, &mut args)?;
+        }
+        Ok::<(), Error>(())
+    })();
+    let graph = stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    captured?;
+    let graph = graph?.ok_or_else(|| Error::InvalidProblem("graph capture recorded nothing".into()))?;
+    graph.upload()?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    let start = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let stop = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let mut samples = Vec::with_capacity(replays);
+    for _ in 0..replays {
+        start.record(stream)?;
+        graph.launch()?;
+        stop.record(stream)?;
+        stop.synchronize()?;
+        samples.push(start.elapsed_ms(&stop)? as f64 * 1e3 / calls as f64);
+    }
+    Ok(Timing { us: median(&mut samples) })
+}
+
+/// Read bandwidth of the card in TB/s: our 16-byte `ld.global.nc` kernel over 2 GiB.
+pub fn read_ceiling(device: &Device) -> Result<f64> {
+    let stream = &device.stream;
+    let bytes: usize = 2 << 30;
+    let src = stream.alloc_zeros::<u8>(bytes)?;
+    let mut sink = stream.alloc_zeros::<u32>(1)?;
+    let f = crate::device::function(&device.ctx, "read_bandwidth", 0)?;
+    let sms = crate::device::DeviceProps::query(&device.ctx)?.sm_count;
+    let cfg = LaunchConfig { grid_dim: (sms * 4, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let chunks = (bytes / 16) as u64;
+    let sentinel = 0x9E37_79B9u32;
+    let launch = |sink: &mut cudarc::driver::CudaSlice<u32>| -> Result<()> {
+        // SAFETY: reads `chunks` 16-byte chunks of `src`, writes at most one u32 to `sink`.
+        unsafe { stream.launch_builder(&f).arg(&src).arg(&chunks).arg(&sentinel).arg(sink).launch(cfg)? };
+        Ok(())
+    };
+    launch(&mut sink)?;
+    let start = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let stop = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let mut samples = Vec::new();
+    for _ in 0..20 {
+        start.record(stream)?;
+        launch(&mut sink)?;
+        stop.record(stream)?;
+        stop.synchronize()?;
+        samples.push(bytes as f64 / (start.elapsed_ms(&stop)? as f64 * 1e-3) / 1e12);
+    }
+    Ok(median(&mut samples))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Benchmarks one shape with element type `T`.
+pub fn bench_shape<T: Element>(device: &Device, shape: &Shape, ceiling: f64, check: bool) -> Result<BenchRow> {
+    let spec = shape.spec();
+    let host = HostProblem::<T>::random(&spec);
+    let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, PlanPreference::default())?;
+    let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
+    let max_rel_err = if check {
+        let (mut args, mut ws) = dev.args_and_workspace();
+        plan.run(&device.stream, &mut ws, &mut args)?;
+        let o = device.stream.clone_dtoh(&dev.o)?;
+        let row = spec.num_qo_heads * spec.head_dim;
+        let (tol, _) = tolerances(T::KIND);
+        let mut worst: f64 = 0.0;
+        for b in [0, spec.batch() / 2, spec.batch() - 1] {
+            let r = host.reference_request(b)?;
+            let err = rel_l2(o[b * row..(b + 1) * row].iter().map(|x| x.to_f64()), &r.o);
+            if !(err <= tol) {
+                return Err(Error::InvalidProblem(format!(
+                    "{}: request {b} differs from the reference (rel err {err:.2e})",
+                    shape.name
+                )));
+            }
+            worst = worst.max(err);
+        }
+        Some(worst)
+    } else {
+        None
+    };
+    let t = time_plan(device, &plan, &mut dev, 20, 15)?;
+    let tb_s = spec.kv_bytes(T::KIND) as f64 / (t.us * 1e-6) / 1e12;
+    Ok(BenchRow {
+        name: shape.name.clone(),
+        us: t.us,
+        tb_s,
+        pct_of_ceiling: 100.0 * tb_s / ceiling,
+        num_splits: plan.config().num_splits,
+        max_rel_err,
+    })
+}
+
+/// Reads the shape table, benchmarks every row and writes the JSON and the plot.
+pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let shapes: Vec<Shape> = serde_json::from_str(&std::fs::read_to_string(&opts.shapes)?)?;
+    let device = match Device::open(0) {
+        Ok(d) => d,
+        Err(Error::NoDevice) => {
+            println!("no CUDA driver on this machine: nothing to benchmark");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let ceiling = read_ceiling(&device)?;
+    println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
+    println!("{:<28} {:>10} {:>8} {:>8} {:>7} {:>10}", "shape", "µs", "TB/s", "%ceil", "splits", "rel err");
+    let mut rows = Vec::new();
+    for shape in &shapes {
+        let row = match shape.dtype.as_str() {
+            "f16" => bench_shape::<f16>(&device, shape, ceiling, opts.check)?,
+            "bf16" => bench_shape::<bf16>(&device, shape, ceiling, opts.check)?,
+            "f32" => bench_shape::<f32>(&device, shape, ceiling, opts.check)?,
+            other => return Err(format!("{}: unknown dtype {other}", shape.name).into()),
+        };
+        println!(
+            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>10}",
+            row.name,
+            row.us,
+            row.tb_s,
+            row.pct_of_ceiling,
+            row.num_splits,
+            row.max_rel_err.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "-".into())
+        );
+        rows.push(row);
+    }
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    if let Some(path) = &opts.plot {
+        plot(path, &rows, ceiling)?;
+    }
+    Ok(())
+}
+
+/// SVG bar chart of TB/s per shape, with the measured ceiling as a line.
+pub fn plot(path: &std::path::Path, rows: &[BenchRow], ceiling: f64) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1200, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = (ceiling.max(rows.iter().map(|r| r.tb_s).fold(0.0, f64::max)) * 1.1).max(0.1);
+    let mut chart = ChartBuilder::on(&root)
+        .caption("paged decode: K/V read bandwidth per shape", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(190)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0..rows.len(), 0.0..top)?;
+    let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
+    chart
+        .configure_mesh()
+        .x_labels(rows.len().max(1))
+        .x_label_formatter(&|i| names.get(*i).cloned().unwrap_or_default())
+        .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
+        .y_desc("TB/s")
+        .draw()?;
+    chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+        Rectangle::new([(i, 0.0), (i + 1, r.tb_s)], BLUE.mix(0.6).filled())
+    }))?;
+    chart
+        .draw_series(LineSeries::new([(0, ceiling), (rows.len(), ceiling)], RED.stroke_width(2)))?
+        .label(format!("read ceiling {ceiling:.2} TB/s"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
+    chart.configure_series_labels().border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! `paged-decode`: the main job (a realistic decode step), PTX inspection and the benchmark.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use half::f16;
+use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
+use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, bench, ptx, ptxas};
+
+#[derive(Parser)]
+#[command(version, about = "Batched paged-KV decode attention in pure Rust (PTX from rustc's NVPTX backend)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one realistic decode step, check it against the CPU reference and time it (default).
+    Run {
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        #[arg(long, default_value_t = 4096)]
+        kv_len: usize,
+    },
+    /// List the PTX entry points with their ptxas resource report for sm_80 and sm_90.
+    Inspect {
+        /// Print the PTX itself.
+        #[arg(long)]
+        ptx: bool,
+    },
+    /// Time the plan on a shape table (FlashInfer harness format) with CUDA-graph replays.
+    Bench {
+        #[arg(long, default_value = "benches/shapes.json")]
+        shapes: PathBuf,
+        /// Write `[{name, us, tb_s, pct_of_ceiling}]` here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write an SVG plot of TB/s per shape against the measured ceiling here.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Also check every shape's output against the CPU reference (slow for large shapes).
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Run { batch: 32, kv_len: 4096 }) {
+        Command::Run { batch, kv_len } => main_job(batch, kv_len),
+        Command::Inspect { ptx } => inspect(ptx),
+        Command::Bench { shapes, json, plot, check } => {
+            bench::run_cli(&bench::BenchOptions { shapes, json, plot, check })
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Decode step of a 32/8-head, d=128 f16 model over 16-token pages.
+fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let spec = ProblemSpec::uniform(batch, kv_len, 32, 8, 128, 16);
+    let device = match Device::open(0) {
+        Ok(d) => d,
+        Err(Error::NoDevice) => {
+            println!("no CUDA driver on this machine: running the float64 CPU reference on a smaller problem");
+            let small = ProblemSpec::uniform(4, 256, 32, 8, 128, 16);
+            let host = HostProblem::<f16>::random(&small);
+            let t = std::time::Instant::now();
+            let out = host.reference()?;
+            println!(
+                "cpu reference: batch 4 × 256 tokens, 32/8 heads, d=128, f16: {:.1} ms, lse[0] = {:.4}",
+                t.elapsed().as_secs_f64() * 1e3,
+                out.lse[0]
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!("device: {}", device.name()?);
+    let host = HostProblem::<f16>::random(&spec);
+    let plan = BatchPagedDecodePlan::<f16>::select(&device.stream, &host.desc, PlanPreference::default())?;
+    let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
+    {
+        let (mut args, mut ws) = dev.args_and_workspace();
+        plan.run(&device.stream, &mut ws, &mut args)?;
+    }
+    let o = device.stream.clone_dtoh(&dev.o)?;
+    let lse = device.stream.clone_dtoh(&dev.lse)?;
+
+    // Check a sample of requests against the float64 reference.
+    let sample = [0, batch / 2, batch - 1];
+    let (tol, lse_tol) = tolerances(f16::KIND);
+    let row = spec.num_qo_heads * spec.head_dim;
+    let mut worst: f64 = 0.0;
+    for &b in &sample {
+        let r = host.reference_request(b)?;
+        let err = rel_l2(o[b * row..(b + 1) * row].iter().map(|x| x.to_f64()), &r.o);
+        let lse_err = (0..spec.num_qo_heads)
+            .map(|h| (lse[b * spec.num_qo_heads + h] as f64 - r.lse[h]).abs())
+            .fold(0.0, f64::max);
+        if !(err <= tol && lse_err <= lse_tol) {
+            return Err(format!("request {b}: rel err {err:.2e} (≤ {tol:.0e}), lse err {lse_err:.2e}").into());
+        }
+        worst = worst.max(err);
+    }
+    println!("checked requests {sample:?} against the CPU reference: max rel err {worst:.2e}");
+
+    let timing = bench::time_plan(&device, &plan, &mut dev, 20, 15)?;
+    let bytes = spec.kv_bytes(f16::KIND) as f64;
+    println!(
+        "decode b{batch} L{kv_len} 32/8 d128 p16 f16: {:.1} µs per call ({} splits), {:.2} TB/s",
+        timing.us,
+        plan.config().num_splits,
+        bytes / timing.us / 1e6
+    );
+    Ok(())
+}
+
+fn inspect(dump_ptx: bool) -> Result<(), Box<dyn std::error::Error>> {
+    if dump_ptx {
+        print!("{}", ptx::PTX);
+        return Ok(());
+    }
+    let entries = ptx::entries(ptx::PTX);
+    println!("{} entry points in the embedded PTX ({} bytes)", entries.len(), ptx::PTX.len());
+    let Some(ptxas) = ptxas::find() else {
+        for e in &entries {
+            println!("  {e}");
+        }
+        println!("ptxas not found: {}", ptxas::INSTALL_HINT);
+        return Ok(());
+    };
+    println!("ptxas: {}", ptxas.display());
+    println!(
+        "{:<24} {:>6} {:>5} {:>7} {:>7} {:>7}   {:>5} {:>7} {:>7} {:>7}",
+        "entry", "sm_80", "regs", "smem", "stack", "spill", "sm_90", "regs", "smem", "stack"
+    );
+    let r80 = ptxas::report(&ptxas, ptx::PTX, "sm_80")?;
+    let r90 = ptxas::report(&ptxas, ptx::PTX, "sm_90")?;
+    for e in &entries {
+        let a = r80.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
+        let b = r90.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
+        println!(
+            "{:<24} {:>6} {:>5} {:>7} {:>7} {:>7}   {:>5} {:>7} {:>7} {:>7}  spill {}",
+            e,
+            "",
+            a.registers,
+            a.shared_bytes,
+            a.stack_frame_bytes,
+            a.spill_store_bytes + a.spill_load_bytes,
+            "",
+            b.registers,
+            b.shared_bytes,
+            b.stack_frame_bytes,
+            b.spill_store_bytes + b.spill_load_bytes
+        );
+    }
+    println!("(shared memory of the decode kernels is dynamic: see params::decode_smem_bytes)");
+    Ok(())
+}

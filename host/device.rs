@@ -1,0 +1,93 @@
+//! Opening a GPU without panicking, and loading the embedded PTX once per context.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{Error, Result};
+
+/// True when the CUDA driver library can be loaded on this machine.
+pub fn driver_available() -> bool {
+    // SAFETY: only probes for the shared library; touches no driver state.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// A CUDA context plus a non-default stream (capturable into CUDA graphs), with cudarc's
+/// per-slice event tracking off.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+}
+
+impl Device {
+    /// Opens GPU `ordinal`; [`Error::NoDevice`] when no CUDA driver is installed.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        if !driver_available() {
+            return Err(Error::NoDevice);
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream does all the work: cudarc's cross-stream event tracking is not needed, and
+        // its event waits are not allowed while a stream is being captured into a graph.
+        // SAFETY: no slice of this context exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        Ok(Self { ctx, stream })
+    }
+
+    /// Device name as the driver reports it.
+    pub fn name(&self) -> Result<String> {
+        Ok(self.ctx.name()?)
+    }
+}
+
+/// Properties the plans choose configurations from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceProps {
+    pub sm_count: u32,
+    pub compute_capability: (u32, u32),
+    pub smem_per_sm: u32,
+    pub smem_per_block_optin: u32,
+}
+
+impl DeviceProps {
+    pub fn query(ctx: &CudaContext) -> Result<Self> {
+        let attr = |a| ctx.attribute(a).map(|v| v.max(0) as u32);
+        Ok(Self {
+            sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            compute_capability: (
+                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            smem_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+            smem_per_block_optin: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        })
+    }
+}
+
+/// The kernel module of one context, JIT-compiled from [`crate::ptx::PTX`] on first use.
+pub(crate) fn module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
+    static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+    let key = ctx.cu_ctx() as usize;
+    let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = cache.iter().find(|(k, _)| *k == key) {
+        return Ok(m.clone());
+    }
+    let m = ctx.load_module(Ptx::from_src(crate::ptx::PTX))?;
+    cache.push((key, m.clone()));
+    Ok(m)
+}
+
+/// Loads entry `name`, raising its dynamic shared-memory limit to `smem_bytes` when needed.
+pub(crate) fn function(ctx: &Arc<CudaContext>, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
+    let f = module(ctx)?.load_function(name)?;
+    if smem_bytes > 48 * 1024 {
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem_bytes as i32,
+        )?;
+    }
+    Ok(f)
+}

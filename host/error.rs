@@ -1,0 +1,37 @@
+//! The crate's one error type.
+
+use cudarc::driver::DriverError;
+
+/// Everything a plan, launch or validation can report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The problem is valid but this library has no kernel for it (dtype, head_dim, arch).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The descriptor or the arguments are inconsistent; the message names the failed check.
+    #[error("invalid problem: {0}")]
+    InvalidProblem(String),
+    /// A tensor's device address is not aligned as the kernel needs.
+    #[error("misaligned operand `{operand}`: address must be a multiple of {required} bytes")]
+    MisalignedOperand { operand: &'static str, required: usize },
+    /// The workspace given to `run` is missing or smaller than `workspace_size()`.
+    #[error("workspace too small: needed {needed} bytes, got {got}")]
+    WorkspaceTooSmall { needed: usize, got: usize },
+    /// The page table (indptr / indices / last_page_len) breaks its contract.
+    #[error("invalid page table: {0}")]
+    InvalidPageTable(String),
+    /// No CUDA driver library could be found on this machine.
+    #[error("no CUDA driver found (libcuda is not installed or not loadable)")]
+    NoDevice,
+    /// An error returned by the CUDA driver.
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidProblem(msg.into())
+}

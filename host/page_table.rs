@@ -1,0 +1,307 @@
+//! Host-side validation of a paged K/V page table (`indptr`, `indices`, `last_page_len`).
+//!
+//! Contract checked by [`validate_page_table`], for a batch of `B` requests:
+//! - `indptr` has `B + 1` entries, starts at 0, never decreases, and `indptr[B] <= indices.len()`.
+//!   Request `b` owns the pages `indices[indptr[b]..indptr[b + 1]]`, in token order.
+//! - `last_page_len` has `B` entries, each in `[0, page_size]`. A request with `n ≥ 1` pages holds
+//!   `(n - 1) * page_size + last_page_len[b]` tokens, so 0 means its last page is still empty
+//!   (it was allocated ahead of the next token). A request with no page holds 0 tokens whatever
+//!   its `last_page_len`, which must still lie in `[0, page_size]`.
+//! - Every page id in `indices[0..indptr[B]]` lies in `[0, num_total_pages)`. Entries past
+//!   `indptr[B]` are never read and not checked.
+//! - No page id appears twice (within one request or across requests) unless
+//!   [`PageTableRules::allow_shared_pages`] is set.
+//!
+//! These are the same rules the device-side check enforces, plus `indptr[0] == 0` and the
+//! optional uniqueness check.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::reference::PageTable;
+use crate::types::PagedKvCacheDescriptor;
+
+/// Options for [`validate_page_table`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PageTableRules {
+    /// Accept a page id used more than once (e.g. a prefix shared by several requests).
+    /// Decode only reads pages, so sharing is safe there; writers usually want it off.
+    pub allow_shared_pages: bool,
+}
+
+fn bad(msg: String) -> Error {
+    Error::InvalidPageTable(msg)
+}
+
+/// Checks `table` against `paged_kv` for a batch of `batch_size` requests.
+///
+/// Returns [`Error::InvalidProblem`] if `paged_kv` itself is unusable (`page_size < 1` or
+/// `num_total_pages < 0`), and otherwise [`Error::InvalidPageTable`] naming the first broken rule:
+/// the array, the position, the offending value and the request it belongs to. See the
+/// [module documentation](self) for the rules.
+pub fn validate_page_table(
+    paged_kv: &PagedKvCacheDescriptor,
+    batch_size: usize,
+    table: PageTable<'_>,
+    rules: PageTableRules,
+) -> Result<()> {
+    let page_size = paged_kv.page_size;
+    let num_pages = paged_kv.num_total_pages;
+    if page_size < 1 {
+        return Err(Error::InvalidProblem(format!("page_size = {page_size} must be at least 1")));
+    }
+    if num_pages < 0 {
+        return Err(Error::InvalidProblem(format!("num_total_pages = {num_pages} must be non-negative")));
+    }
+    let PageTable { indptr, indices, last_page_len } = table;
+
+    let expected =
+        batch_size.checked_add(1).ok_or_else(|| bad(format!("batch_size = {batch_size} is too large")))?;
+    if indptr.len() != expected {
+        return Err(bad(format!(
+            "indptr has {} entries, expected batch_size + 1 = {expected}",
+            indptr.len()
+        )));
+    }
+    if last_page_len.len() != batch_size {
+        return Err(bad(format!(
+            "last_page_len has {} entries, expected batch_size = {batch_size}",
+            last_page_len.len()
+        )));
+    }
+    if indptr[0] != 0 {
+        return Err(bad(format!("indptr[0] = {} must be 0", indptr[0])));
+    }
+    for b in 0..batch_size {
+        if indptr[b + 1] < indptr[b] {
+            return Err(bad(format!(
+                "indptr[{}] = {} is less than indptr[{b}] = {} (request {b}); indptr must be non-decreasing",
+                b + 1,
+                indptr[b + 1],
+                indptr[b]
+            )));
+        }
+    }
+    // Non-negative: indptr[0] == 0 and indptr never decreases.
+    let used = indptr[batch_size] as usize;
+    if used > indices.len() {
+        return Err(bad(format!("indptr[{batch_size}] = {used} exceeds indices.len() = {}", indices.len())));
+    }
+    for (b, &len) in last_page_len.iter().enumerate() {
+        if !(0..=page_size).contains(&len) {
+            return Err(bad(format!("last_page_len[{b}] = {len} is outside [0, {page_size}] (request {b})")));
+        }
+    }
+    // (position in indices, request, page id) of every page reference.
+    let refs = (0..batch_size).flat_map(|b| {
+        let (start, stop) = (indptr[b] as usize, indptr[b + 1] as usize);
+        (start..stop).map(move |i| (i, b, indices[i]))
+    });
+    for (i, b, page) in refs.clone() {
+        if !(0..num_pages).contains(&page) {
+            return Err(bad(format!("indices[{i}] = {page} is outside [0, {num_pages}) (request {b})")));
+        }
+    }
+    if !rules.allow_shared_pages {
+        // Page id -> (position in indices, request) of its first use.
+        let mut first_use: HashMap<i32, (usize, usize)> = HashMap::with_capacity(used);
+        for (i, b, page) in refs {
+            if let Some(&(j, a)) = first_use.get(&page) {
+                return Err(bad(format!(
+                    "indices[{i}] = {page} (request {b}) repeats the page at indices[{j}] (request {a}); \
+                     shared pages are not allowed"
+                )));
+            }
+            first_use.insert(page, (i, b));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ElementKind;
+
+    fn kv(page_size: i32, num_total_pages: i32) -> PagedKvCacheDescriptor {
+        PagedKvCacheDescriptor {
+            page_size,
+            num_total_pages,
+            num_kv_heads: 2,
+            head_dim: 64,
+            element: ElementKind::F16,
+        }
+    }
+
+    fn table<'a>(indptr: &'a [i32], indices: &'a [i32], last_page_len: &'a [i32]) -> PageTable<'a> {
+        PageTable { indptr, indices, last_page_len }
+    }
+
+    const STRICT: PageTableRules = PageTableRules { allow_shared_pages: false };
+    const SHARED: PageTableRules = PageTableRules { allow_shared_pages: true };
+
+    /// Asserts an `InvalidPageTable` error whose message contains every one of `parts`.
+    fn expect_err(r: Result<()>, parts: &[&str]) {
+        match r {
+            Err(Error::InvalidPageTable(msg)) => {
+                for p in parts {
+                    assert!(msg.contains(p), "message {msg:?} does not mention {p:?}");
+                }
+            }
+            other => panic!("expected InvalidPageTable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn accepts_valid_tables() {
+        let d = kv(16, 8);
+        // Requests with 2, 0, 1 and 1 pages; last_page_len 0 means an empty last page.
+        let t = table(&[0, 2, 2, 3, 4], &[5, 1, 7, 0, 99], &[16, 3, 1, 0]);
+        validate_page_table(&d, 4, t, STRICT).unwrap();
+        validate_page_table(&d, 4, t, SHARED).unwrap();
+        // Empty batch.
+        validate_page_table(&d, 0, table(&[0], &[], &[]), STRICT).unwrap();
+        // No pages in the store and no request using one.
+        validate_page_table(&kv(16, 0), 2, table(&[0, 0, 0], &[], &[0, 16]), STRICT).unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_descriptor() {
+        let t = table(&[0], &[], &[]);
+        assert!(matches!(validate_page_table(&kv(0, 8), 0, t, STRICT), Err(Error::InvalidProblem(_))));
+        assert!(matches!(validate_page_table(&kv(16, -1), 0, t, STRICT), Err(Error::InvalidProblem(_))));
+    }
+
+    #[test]
+    fn rejects_indptr_wrong_length() {
+        let d = kv(16, 8);
+        expect_err(
+            validate_page_table(&d, 2, table(&[0, 1], &[0], &[1, 1]), STRICT),
+            &["indptr", "2 entries", "3"],
+        );
+        expect_err(validate_page_table(&d, 0, table(&[], &[], &[]), STRICT), &["indptr", "0 entries", "1"]);
+    }
+
+    #[test]
+    fn rejects_last_page_len_wrong_length() {
+        let d = kv(16, 8);
+        expect_err(
+            validate_page_table(&d, 2, table(&[0, 1, 2], &[0, 1], &[1]), STRICT),
+            &["last_page_len", "1 entries", "2"],
+        );
+    }
+
+    #[test]
+    fn rejects_nonzero_indptr_start() {
+        let d = kv(16, 8);
+        expect_err(validate_page_table(&d, 1, table(&[1, 2], &[0, 1], &[1]), STRICT), &["indptr[0] = 1"]);
+        expect_err(validate_page_table(&d, 1, table(&[-1, 0], &[0], &[1]), STRICT), &["indptr[0] = -1"]);
+    }
+
+    #[test]
+    fn rejects_decreasing_indptr() {
+        let d = kv(16, 8);
+        expect_err(
+            validate_page_table(&d, 3, table(&[0, 2, 1, 3], &[0, 1, 2], &[1, 1, 1]), STRICT),
+            &["indptr[2] = 1", "indptr[1] = 2", "request 1", "non-decreasing"],
+        );
+    }
+
+    #[test]
+    fn rejects_indptr_past_indices() {
+        let d = kv(16, 8);
+        expect_err(
+            validate_page_table(&d, 2, table(&[0, 1, 4], &[0, 1, 2], &[1, 1]), STRICT),
+            &["indptr[2] = 4", "indices.len() = 3"],
+        );
+    }
+
+    #[test]
+    fn rejects_last_page_len_out_of_range() {
+        let d = kv(16, 8);
+        expect_err(
+            validate_page_table(&d, 2, table(&[0, 1, 2], &[0, 1], &[16, 17]), STRICT),
+            &["last_page_len[1] = 17", "[0, 16]", "request 1"],
+        );
+        expect_err(
+            validate_page_table(&d, 2, table(&[0, 1, 2], &[0, 1], &[-1, 1]), STRICT),
+            &["last_page_len[0] = -1", "request 0"],
+        );
+        // Also checked for a request without pages.
+        expect_err(
+            validate_page_table(&d, 2, table(&[0, 1, 1], &[0], &[1, 20]), STRICT),
+            &["last_page_len[1] = 20"],
+        );
+    }
+
+    #[test]
+    fn rejects_page_out_of_range() {
+        let d = kv(16, 4096);
+        let mut indices: Vec<i32> = (0..16).collect();
+        indices[12] = 4100;
+        let indptr = [0, 4, 8, 12, 16];
+        expect_err(
+            validate_page_table(&d, 4, table(&indptr, &indices, &[1, 1, 1, 1]), SHARED),
+            &["indices[12] = 4100 is outside [0, 4096) (request 3)"],
+        );
+        indices[12] = 12;
+        indices[5] = -3;
+        expect_err(
+            validate_page_table(&d, 4, table(&indptr, &indices, &[1, 1, 1, 1]), SHARED),
+            &["indices[5] = -3", "request 1"],
+        );
+        // Entries past indptr[B] are not read.
+        indices[5] = 5;
+        indices.push(-7);
+        validate_page_table(&d, 4, table(&indptr, &indices, &[1, 1, 1, 1]), STRICT).unwrap();
+    }
+
+    #[test]
+    fn shared_pages_need_permission() {
+        let d = kv(16, 8);
+        // Page 3 used by requests 0 and 2.
+        let t = table(&[0, 2, 3, 5], &[3, 1, 2, 6, 3], &[4, 4, 4]);
+        validate_page_table(&d, 3, t, SHARED).unwrap();
+        expect_err(
+            validate_page_table(&d, 3, t, STRICT),
+            &["indices[4] = 3", "request 2", "indices[0]", "request 0", "shared"],
+        );
+        // Page used twice by the same request.
+        let t = table(&[0, 3], &[5, 6, 5], &[1]);
+        validate_page_table(&d, 1, t, SHARED).unwrap();
+        expect_err(validate_page_table(&d, 1, t, STRICT), &["indices[2] = 5", "indices[0]", "request 0"]);
+    }
+
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let d = kv(7, 5);
+        let vals = [i32::MIN, -1, 0, 1, 2, 3, 6, 7, 8, i32::MAX];
+        let mut state = 0x1234_5678_9abc_def0_u64;
+        let pick = |state: &mut u64, max_len: u64| -> Vec<i32> {
+            let n = xorshift(state) % max_len;
+            (0..n).map(|_| vals[(xorshift(state) % vals.len() as u64) as usize]).collect()
+        };
+        for _ in 0..2000 {
+            let b = (xorshift(&mut state) % 4) as usize;
+            let mut indptr = pick(&mut state, 6);
+            if xorshift(&mut state).is_multiple_of(2) {
+                indptr.sort_unstable();
+                if let Some(first) = indptr.first_mut() {
+                    *first = 0;
+                }
+            }
+            let indices = pick(&mut state, 8);
+            let last = pick(&mut state, 5);
+            let rules = PageTableRules { allow_shared_pages: xorshift(&mut state).is_multiple_of(2) };
+            let r = validate_page_table(&d, b, table(&indptr, &indices, &last), rules);
+            assert!(matches!(r, Ok(()) | Err(Error::InvalidPageTable(_))));
+        }
+    }
+}

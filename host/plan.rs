@@ -1,0 +1,810 @@
+//! Plans: validate once on the host (`select`), then launch without allocating or synchronizing
+//! (`run`), so `run` can be captured into a CUDA graph.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use crate::device::{self, DeviceProps};
+use crate::error::{Error, Result, invalid};
+use crate::params::{self, AppendParams, DecodeParams, PageTableCheckParams};
+use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
+use crate::types::*;
+
+/// Head dimensions with compiled kernels.
+pub const SUPPORTED_HEAD_DIMS: [i32; 3] = [64, 128, 256];
+/// Upper bound on KV splits per request.
+pub const MAX_SPLITS: u32 = 64;
+/// Fraction of the last wave of CTAs that must be busy before splitting stops.
+const WAVE_EFFICIENCY: f64 = 0.85;
+
+unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
+unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
+unsafe impl cudarc::driver::DeviceRepr for PageTableCheckParams {}
+
+/// Arguments of [`BatchPagedDecodePlan::run`].
+#[derive(Debug)]
+pub struct BatchPagedDecodeArgs<'a, T> {
+    /// `[batch, num_qo_heads, head_dim]`.
+    pub q: TensorRef<'a, T, 3>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
+    pub k_data: TensorRef<'a, T, 4>,
+    pub v_data: TensorRef<'a, T, 4>,
+    /// `[total_used_pages]`: page ids of all requests, concatenated.
+    pub indices: TensorRef<'a, i32, 1>,
+    /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
+    pub indptr: TensorRef<'a, i32, 1>,
+    /// `[batch]`: tokens used in each request's last page, in `[0, page_size]`.
+    pub last_page_len: TensorRef<'a, i32, 1>,
+    /// `[batch, num_qo_heads, head_dim]`.
+    pub o: TensorMut<'a, T, 3>,
+    /// `[batch, num_qo_heads]`: base-2 log-sum-exp of the scaled logits (`-inf` for empty requests).
+    pub lse: TensorMut<'a, f32, 2>,
+}
+
+/// The shapes, strides and storage sizes of [`BatchPagedDecodeArgs`] (checkable without a GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPagedDecodeArgsLayout {
+    pub q: TensorLayout<3>,
+    pub k_data: TensorLayout<4>,
+    pub v_data: TensorLayout<4>,
+    pub indices: TensorLayout<1>,
+    pub indptr: TensorLayout<1>,
+    pub last_page_len: TensorLayout<1>,
+    pub o: TensorLayout<3>,
+    pub lse: TensorLayout<2>,
+}
+
+impl<T> BatchPagedDecodeArgs<'_, T> {
+    pub fn layout(&self) -> BatchPagedDecodeArgsLayout {
+        BatchPagedDecodeArgsLayout {
+            q: self.q.layout(),
+            k_data: self.k_data.layout(),
+            v_data: self.v_data.layout(),
+            indices: self.indices.layout(),
+            indptr: self.indptr.layout(),
+            last_page_len: self.last_page_len.layout(),
+            o: self.o.layout(),
+            lse: self.lse.layout(),
+        }
+    }
+}
+
+impl BatchPagedDecodeArgsLayout {
+    /// Contiguous layouts for `desc` with `num_indices` page ids.
+    pub fn contiguous(desc: &BatchPagedDecodeDescriptor, num_indices: i32) -> Self {
+        let kv = &desc.paged_kv;
+        let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+        Self {
+            q: TensorLayout::contiguous([b, hq, d]),
+            k_data: TensorLayout::contiguous(store),
+            v_data: TensorLayout::contiguous(store),
+            indices: TensorLayout::contiguous([num_indices]),
+            indptr: TensorLayout::contiguous([b.saturating_add(1)]),
+            last_page_len: TensorLayout::contiguous([b]),
+            o: TensorLayout::contiguous([b, hq, d]),
+            lse: TensorLayout::contiguous([b, hq]),
+        }
+    }
+}
+
+/// Which decode kernel a plan launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// Tensor-core kernel for f16 / bf16.
+    Mma,
+    /// CUDA-core kernel (f32).
+    Simt,
+}
+
+/// Launch configuration chosen by rule from the descriptor and the device (never from lengths,
+/// which live on the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeConfig {
+    pub kernel: DecodeKernel,
+    /// CTAs per (request, KV head) along the query heads of the group.
+    pub head_blocks: u32,
+    /// 16-row query tiles of the fullest head block.
+    pub q_tiles: u32,
+    /// Dynamic shared memory per CTA.
+    pub smem_bytes: u32,
+    /// KV chunks per request; > 1 adds the merge pass and needs a workspace.
+    pub num_splits: u32,
+    /// Smallest chunk a split takes, in tokens.
+    pub min_chunk: u32,
+}
+
+impl DecodeConfig {
+    /// Picks the kernel and the split count: enough CTAs that the last wave is at least
+    /// [`WAVE_EFFICIENCY`] busy, capped by [`MAX_SPLITS`] and by `max_workspace_bytes`.
+    pub fn choose(
+        desc: &BatchPagedDecodeDescriptor,
+        props: &DeviceProps,
+        max_workspace_bytes: usize,
+    ) -> Result<Self> {
+        let kv = &desc.paged_kv;
+        let group = (desc.num_qo_heads / kv.num_kv_heads) as u32;
+        let d = kv.head_dim as u32;
+        let (kernel, head_blocks, q_tiles, smem_bytes, ctas_per_sm) = match kv.element {
+            ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, 16),
+            _ => {
+                let head_blocks = group.div_ceil(params::DECODE_HEADS_PER_CTA);
+                let q_tiles = group.min(params::DECODE_HEADS_PER_CTA).div_ceil(16);
+                let smem = params::decode_smem_bytes(d, q_tiles);
+                if smem > props.smem_per_block_optin {
+                    return Err(Error::Unsupported(format!(
+                        "head_dim {d} needs {smem} bytes of shared memory per block; the device allows {}",
+                        props.smem_per_block_optin
+                    )));
+                }
+                let per_sm = (props.smem_per_sm / (smem + 1024)).clamp(1, 16);
+                (DecodeKernel::Mma, head_blocks, q_tiles, smem, per_sm)
+            }
+        };
+        let base = desc.batch_size as u64 * kv.num_kv_heads as u64 * head_blocks as u64;
+        let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
+        let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
+        let fits = |s: u32| {
+            let cfg = Self { kernel, head_blocks, q_tiles, smem_bytes, num_splits: s, min_chunk: 0 };
+            cfg.workspace_size(desc) <= max_workspace_bytes
+        };
+        let mut num_splits = 1;
+        if efficiency(base) < WAVE_EFFICIENCY {
+            let mut best = (efficiency(base), 1);
+            for s in 2..=MAX_SPLITS {
+                if !fits(s) {
+                    break;
+                }
+                let e = efficiency(base * s as u64);
+                if e > best.0 + 1e-9 {
+                    best = (e, s);
+                }
+                if e >= WAVE_EFFICIENCY {
+                    break;
+                }
+            }
+            num_splits = best.1;
+        }
+        Ok(Self {
+            kernel,
+            head_blocks,
+            q_tiles,
+            smem_bytes,
+            num_splits,
+            min_chunk: params::DECODE_TILE_TOKENS,
+        })
+    }
+
+    /// Workspace bytes: partial outputs and log-sum-exps of every split.
+    pub fn workspace_size(&self, desc: &BatchPagedDecodeDescriptor) -> usize {
+        if self.num_splits <= 1 {
+            return 0;
+        }
+        let (o, _) = partial_sizes(desc, self.num_splits);
+        let rows = self.num_splits as usize * desc.batch_size as usize * desc.num_qo_heads as usize;
+        o + rows * 4
+    }
+}
+
+/// Bytes of the partial-O region (rounded to 256) and rows of partial lse.
+fn partial_sizes(desc: &BatchPagedDecodeDescriptor, splits: u32) -> (usize, usize) {
+    let rows = splits as usize * desc.batch_size as usize * desc.num_qo_heads as usize;
+    ((rows * desc.paged_kv.head_dim as usize * 4).next_multiple_of(256), rows)
+}
+
+/// Batched decode over a paged K/V store.
+#[derive(Debug)]
+pub struct BatchPagedDecodePlan<T: Element> {
+    desc: BatchPagedDecodeDescriptor,
+    config: DecodeConfig,
+    pref: PlanPreference,
+    arch: ArchSku,
+    decode_fn: CudaFunction,
+    merge_fn: CudaFunction,
+    check_fn: CudaFunction,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> BatchPagedDecodePlan<T> {
+    /// Validates `desc` for element `T` (no GPU needed).
+    pub fn check_descriptor(desc: &BatchPagedDecodeDescriptor) -> Result<()> {
+        let kv = &desc.paged_kv;
+        if kv.element != T::KIND {
+            return Err(invalid(format!(
+                "descriptor element {:?} does not match the plan's element type {:?}",
+                kv.element,
+                T::KIND
+            )));
+        }
+        if !matches!(T::KIND, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
+            return Err(Error::Unsupported(format!("element type {:?}", T::KIND)));
+        }
+        check_paged_kv(kv)?;
+        positive("batch_size", desc.batch_size)?;
+        positive("num_qo_heads", desc.num_qo_heads)?;
+        if desc.num_qo_heads % kv.num_kv_heads != 0 {
+            return Err(invalid(format!(
+                "num_qo_heads ({}) must be a multiple of num_kv_heads ({})",
+                desc.num_qo_heads, kv.num_kv_heads
+            )));
+        }
+        if !desc.sm_scale.is_finite() {
+            return Err(invalid(format!("sm_scale must be finite, got {}", desc.sm_scale)));
+        }
+        let group = desc.num_qo_heads / kv.num_kv_heads;
+        let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(params::DECODE_HEADS_PER_CTA as u64);
+        if y > 65535 {
+            return Err(Error::Unsupported(format!(
+                "num_kv_heads × ceil(group / 64) = {y} exceeds the grid limit 65535"
+            )));
+        }
+        let rows = desc.batch_size as i64 * desc.num_qo_heads as i64;
+        if rows * MAX_SPLITS as i64 > u32::MAX as i64 {
+            return Err(Error::Unsupported(format!("batch_size × num_qo_heads = {rows} is too large")));
+        }
+        Ok(())
+    }
+
+    /// Checks every argument's shape, contiguity and storage size against `desc` (no GPU needed).
+    pub fn check_layout(desc: &BatchPagedDecodeDescriptor, args: &BatchPagedDecodeArgsLayout) -> Result<()> {
+        let kv = &desc.paged_kv;
+        let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+        expect_layout("q", &args.q, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
+        expect_layout("k_data", &args.k_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        expect_layout("v_data", &args.v_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        if args.indices.shape[0] < 0 {
+            return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
+        }
+        expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
+        expect_layout("indptr", &args.indptr, [b + 1], "[batch_size + 1]")?;
+        expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
+        expect_layout("o", &args.o, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
+        expect_layout("lse", &args.lse, [b, hq], "[batch_size, num_qo_heads]")?;
+        Ok(())
+    }
+
+    /// Chooses a kernel and launch configuration for `desc` on `stream`'s device.
+    pub fn select(stream: &Arc<CudaStream>, desc: &BatchPagedDecodeDescriptor, pref: PlanPreference) -> Result<Self> {
+        Self::check_descriptor(desc)?;
+        if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
+            return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
+        }
+        let ctx = stream.context();
+        let props = DeviceProps::query(ctx)?;
+        if props.compute_capability.0 < 8 {
+            return Err(Error::Unsupported(format!(
+                "compute capability {}.{}; sm_80 or newer is required",
+                props.compute_capability.0, props.compute_capability.1
+            )));
+        }
+        let config = DecodeConfig::choose(desc, &props, pref.max_workspace_bytes)?;
+        if config.workspace_size(desc) > pref.max_workspace_bytes {
+            return Err(Error::Unsupported(format!(
+                "the plan needs {} workspace bytes; max_workspace_bytes is {}",
+                config.workspace_size(desc),
+                pref.max_workspace_bytes
+            )));
+        }
+        let d = desc.paged_kv.head_dim;
+        let suffix = match T::KIND {
+            ElementKind::F16 => "f16",
+            ElementKind::BF16 => "bf16",
+            _ => "f32",
+        };
+        let decode_name = match config.kernel {
+            DecodeKernel::Mma => format!("decode_mma_{suffix}_d{d}"),
+            DecodeKernel::Simt => format!("decode_simt_{suffix}_d{d}"),
+        };
+        let arch = if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 };
+        Ok(Self {
+            desc: *desc,
+            config,
+            pref,
+            arch,
+            decode_fn: device::function(ctx, &decode_name, config.smem_bytes)?,
+            merge_fn: device::function(ctx, &format!("merge_{suffix}_d{d}"), 0)?,
+            check_fn: device::function(ctx, "check_page_table", 0)?,
+            _t: PhantomData,
+        })
+    }
+
+    /// The descriptor this plan was selected for.
+    pub fn descriptor(&self) -> &BatchPagedDecodeDescriptor {
+        &self.desc
+    }
+
+    /// The launch configuration chosen by `select`.
+    pub fn config(&self) -> &DecodeConfig {
+        &self.config
+    }
+
+    /// Checks the arguments against the plan's descriptor.
+    pub fn can_implement(&self, args: &BatchPagedDecodeArgs<'_, T>) -> Result<()> {
+        Self::check_layout(&self.desc, &args.layout())
+    }
+
+    /// Workspace bytes `run` needs (0 when requests are not split).
+    pub fn workspace_size(&self) -> usize {
+        self.config.workspace_size(&self.desc)
+    }
+
+    pub fn sku(&self) -> KernelSku {
+        KernelSku {
+            category: OpCategory::Attention,
+            op: AttentionKind::PagedAttention,
+            element: T::KIND,
+            aux_element: ElementKind::F32,
+            layout: KvLayout::Hnd,
+            epilogue: Epilogue::OutputAndLse,
+            arch: self.arch,
+            backend: BackendKind::RustPtx,
+            precision_guarantee: self.precision_guarantee(),
+        }
+    }
+
+    pub fn precision_guarantee(&self) -> PrecisionGuarantee {
+        PrecisionGuarantee {
+            math_precision: match self.config.kernel {
+                DecodeKernel::Mma => MathPrecision::TensorCore16,
+                DecodeKernel::Simt => MathPrecision::Fp32,
+            },
+            accumulator: ElementKind::F32,
+            bit_stable_on_same_hardware: true,
+            deterministic: true,
+        }
+    }
+
+    /// Launches the decode on `stream`. Never allocates or synchronizes (graph-capturable),
+    /// except with [`PlanPreference::checked`], which first validates the page table on the
+    /// device and waits for the verdict.
+    ///
+    /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
+    /// the output is unspecified but every access stays inside the given tensors.
+    pub fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T>,
+    ) -> Result<()> {
+        self.can_implement(args)?;
+        let needed = self.workspace_size();
+        if workspace.len() < needed {
+            return Err(Error::WorkspaceTooSmall { needed, got: workspace.len() });
+        }
+        if self.pref.checked {
+            self.check_page_table(stream, args)?;
+        }
+        let kv = &self.desc.paged_kv;
+        let (q, _q) = args.q.data.device_ptr(stream);
+        let (k, _k) = args.k_data.data.device_ptr(stream);
+        let (v, _v) = args.v_data.data.device_ptr(stream);
+        let (indices, _i) = args.indices.data.device_ptr(stream);
+        let (indptr, _p) = args.indptr.data.device_ptr(stream);
+        let (last, _l) = args.last_page_len.data.device_ptr(stream);
+        let (o, _o) = args.o.data.device_ptr_mut(stream);
+        let (lse, _s) = args.lse.data.device_ptr_mut(stream);
+        for (name, ptr) in [("q", q), ("k_data", k), ("v_data", v), ("o", o)] {
+            aligned(name, ptr, 16)?;
+        }
+        let (partial_o, partial_lse, _w) = match workspace {
+            Workspace::Borrowed(ws) if needed > 0 => {
+                let (base, guard) = ws.device_ptr_mut(stream);
+                aligned("workspace", base, 16)?;
+                let (o_bytes, _) = partial_sizes(&self.desc, self.config.num_splits);
+                (base, base + o_bytes as u64, Some(guard))
+            }
+            _ => (0, 0, None),
+        };
+        let p = DecodeParams {
+            q,
+            k_data: k,
+            v_data: v,
+            indices,
+            indptr,
+            last_page_len: last,
+            o,
+            lse,
+            partial_o,
+            partial_lse,
+            batch: self.desc.batch_size as u32,
+            num_qo_heads: self.desc.num_qo_heads as u32,
+            num_kv_heads: kv.num_kv_heads as u32,
+            page_size: kv.page_size as u32,
+            num_total_pages: kv.num_total_pages as u32,
+            num_indices: args.indices.shape[0] as u32,
+            num_splits: self.config.num_splits,
+            min_chunk: self.config.min_chunk,
+            scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
+            _pad: 0,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                self.desc.batch_size as u32,
+                kv.num_kv_heads as u32 * self.config.head_blocks,
+                self.config.num_splits,
+            ),
+            block_dim: (params::DECODE_THREADS, 1, 1),
+            shared_mem_bytes: self.config.smem_bytes,
+        };
+        // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
+        // descriptor, and the workspace holds `workspace_size()` bytes.
+        unsafe { stream.launch_builder(&self.decode_fn).arg(&p).launch(cfg)? };
+        if self.config.num_splits > 1 {
+            let rows = self.desc.batch_size as u32 * self.desc.num_qo_heads as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(params::DECODE_THREADS / 32), 1, 1),
+                block_dim: (params::DECODE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; the merge reads the partials the decode launch wrote.
+            unsafe { stream.launch_builder(&self.merge_fn).arg(&p).launch(cfg)? };
+        }
+        Ok(())
+    }
+
+    /// Validates the device page table of `args` on the GPU without reading out of bounds,
+    /// then synchronizes `stream` and reports the first violation (lowest request) as
+    /// [`Error::InvalidPageTable`].
+    pub fn check_page_table(&self, stream: &Arc<CudaStream>, args: &BatchPagedDecodeArgs<'_, T>) -> Result<()> {
+        self.can_implement(args)?;
+        let kv = &self.desc.paged_kv;
+        check_page_table_on_device(
+            stream,
+            &self.check_fn,
+            PageTableView {
+                indices: &args.indices,
+                indptr: &args.indptr,
+                last_page_len: &args.last_page_len,
+            },
+            self.desc.batch_size as u32,
+            kv,
+        )
+    }
+}
+
+/// Device page-table arrays, borrowed from a plan's arguments.
+struct PageTableView<'r, 'a> {
+    indices: &'r TensorRef<'a, i32, 1>,
+    indptr: &'r TensorRef<'a, i32, 1>,
+    last_page_len: &'r TensorRef<'a, i32, 1>,
+}
+
+fn check_page_table_on_device(
+    stream: &Arc<CudaStream>,
+    check_fn: &CudaFunction,
+    table: PageTableView<'_, '_>,
+    batch: u32,
+    kv: &PagedKvCacheDescriptor,
+) -> Result<()> {
+    let mut status = stream.clone_htod(&[u64::MAX])?;
+    {
+        let (indices, _i) = table.indices.data.device_ptr(stream);
+        let (indptr, _p) = table.indptr.data.device_ptr(stream);
+        let (last, _l) = table.last_page_len.data.device_ptr(stream);
+        let (status_ptr, _s) = status.device_ptr_mut(stream);
+        let p = PageTableCheckParams {
+            indices,
+            indptr,
+            last_page_len: last,
+            status: status_ptr,
+            batch,
+            page_size: kv.page_size as u32,
+            num_total_pages: kv.num_total_pages as u32,
+            num_indices: table.indices.shape[0] as u32,
+        };
+        let warps = params::DECODE_THREADS / 32;
+        let cfg = LaunchConfig {
+            grid_dim: (batch.div_ceil(warps), 1, 1),
+            block_dim: (params::DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel reads `batch + 1` indptr, `batch` last_page_len and only the
+        // indices inside `[0, num_indices)`; shapes were checked by the caller.
+        unsafe { stream.launch_builder(check_fn).arg(&p).launch(cfg)? };
+    }
+    let found = stream.clone_dtoh(&status)?[0];
+    if found == u64::MAX {
+        return Ok(());
+    }
+    let (request, code) = (found >> 8, (found & 0xff) as u32);
+    let what = match code {
+        params::check_code::INDPTR_OUT_OF_RANGE => format!(
+            "indptr[{request}] or indptr[{}] lies outside [0, {}] (the length of indices)",
+            request + 1,
+            table.indices.shape[0]
+        ),
+        params::check_code::INDPTR_DECREASING => {
+            format!("indptr[{}] < indptr[{request}]: indptr must be non-decreasing", request + 1)
+        }
+        params::check_code::LAST_PAGE_LEN_OUT_OF_RANGE => {
+            format!("last_page_len[{request}] lies outside [0, {}]", kv.page_size)
+        }
+        params::check_code::PAGE_OUT_OF_RANGE => {
+            format!("a page id of request {request} lies outside [0, {})", kv.num_total_pages)
+        }
+        _ => format!("unknown violation code {code} at request {request}"),
+    };
+    Err(Error::InvalidPageTable(what))
+}
+
+/// Arguments of [`PagedKvAppendPlan::run`].
+#[derive(Debug)]
+pub struct PagedKvAppendArgs<'a, T> {
+    /// `[batch, num_kv_heads, head_dim]`: the new token's keys.
+    pub key: TensorRef<'a, T, 3>,
+    /// `[batch, num_kv_heads, head_dim]`: the new token's values.
+    pub value: TensorRef<'a, T, 3>,
+    pub k_data: TensorMut<'a, T, 4>,
+    pub v_data: TensorMut<'a, T, 4>,
+    pub indices: TensorRef<'a, i32, 1>,
+    pub indptr: TensorRef<'a, i32, 1>,
+    pub last_page_len: TensorRef<'a, i32, 1>,
+}
+
+/// Layouts of [`PagedKvAppendArgs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKvAppendArgsLayout {
+    pub key: TensorLayout<3>,
+    pub value: TensorLayout<3>,
+    pub k_data: TensorLayout<4>,
+    pub v_data: TensorLayout<4>,
+    pub indices: TensorLayout<1>,
+    pub indptr: TensorLayout<1>,
+    pub last_page_len: TensorLayout<1>,
+}
+
+impl<T> PagedKvAppendArgs<'_, T> {
+    pub fn layout(&self) -> PagedKvAppendArgsLayout {
+        PagedKvAppendArgsLayout {
+            key: self.key.layout(),
+            value: self.value.layout(),
+            k_data: self.k_data.layout(),
+            v_data: self.v_data.layout(),
+            indices: self.indices.layout(),
+            indptr: self.indptr.layout(),
+            last_page_len: self.last_page_len.layout(),
+        }
+    }
+}
+
+impl PagedKvAppendArgsLayout {
+    /// Contiguous layouts for `desc` with `num_indices` page ids.
+    pub fn contiguous(desc: &PagedKvAppendDescriptor, num_indices: i32) -> Self {
+        let kv = &desc.paged_kv;
+        let b = desc.batch_size;
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
+        Self {
+            key: TensorLayout::contiguous([b, kv.num_kv_heads, kv.head_dim]),
+            value: TensorLayout::contiguous([b, kv.num_kv_heads, kv.head_dim]),
+            k_data: TensorLayout::contiguous(store),
+            v_data: TensorLayout::contiguous(store),
+            indices: TensorLayout::contiguous([num_indices]),
+            indptr: TensorLayout::contiguous([b.saturating_add(1)]),
+            last_page_len: TensorLayout::contiguous([b]),
+        }
+    }
+}
+
+/// Writes one new K/V token per request into the paged store.
+///
+/// Convention: the caller advances the page table *before* `run` — allocates a new page when
+/// the request's last page is full and increments `last_page_len[b]` — so the token lands in
+/// slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
+/// with `last_page_len[b]` outside `[1, page_size]` are left untouched.
+#[derive(Debug)]
+pub struct PagedKvAppendPlan<T: Element> {
+    desc: PagedKvAppendDescriptor,
+    pref: PlanPreference,
+    arch: ArchSku,
+    append_fn: CudaFunction,
+    check_fn: CudaFunction,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> PagedKvAppendPlan<T> {
+    /// Validates `desc` for element `T` (no GPU needed).
+    pub fn check_descriptor(desc: &PagedKvAppendDescriptor) -> Result<()> {
+        if desc.paged_kv.element != T::KIND {
+            return Err(invalid(format!(
+                "descriptor element {:?} does not match the plan's element type {:?}",
+                desc.paged_kv.element,
+                T::KIND
+            )));
+        }
+        check_paged_kv(&desc.paged_kv)?;
+        positive("batch_size", desc.batch_size)?;
+        if desc.paged_kv.num_kv_heads > 65535 {
+            return Err(Error::Unsupported("num_kv_heads above 65535".into()));
+        }
+        Ok(())
+    }
+
+    /// Checks every argument's shape, contiguity and storage size (no GPU needed).
+    pub fn check_layout(desc: &PagedKvAppendDescriptor, args: &PagedKvAppendArgsLayout) -> Result<()> {
+        let kv = &desc.paged_kv;
+        let b = desc.batch_size;
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
+        let row = [b, kv.num_kv_heads, kv.head_dim];
+        expect_layout("key", &args.key, row, "[batch_size, num_kv_heads, head_dim]")?;
+        expect_layout("value", &args.value, row, "[batch_size, num_kv_heads, head_dim]")?;
+        expect_layout("k_data", &args.k_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        expect_layout("v_data", &args.v_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        if args.indices.shape[0] < 0 {
+            return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
+        }
+        expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
+        expect_layout("indptr", &args.indptr, [b + 1], "[batch_size + 1]")?;
+        expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
+        Ok(())
+    }
+
+    pub fn select(stream: &Arc<CudaStream>, desc: &PagedKvAppendDescriptor, pref: PlanPreference) -> Result<Self> {
+        Self::check_descriptor(desc)?;
+        if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
+            return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
+        }
+        let ctx = stream.context();
+        let props = DeviceProps::query(ctx)?;
+        let name = match T::KIND {
+            ElementKind::F16 => "append_f16",
+            ElementKind::BF16 => "append_bf16",
+            _ => "append_f32",
+        };
+        Ok(Self {
+            desc: *desc,
+            pref,
+            arch: if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 },
+            append_fn: device::function(ctx, name, 0)?,
+            check_fn: device::function(ctx, "check_page_table", 0)?,
+            _t: PhantomData,
+        })
+    }
+
+    pub fn can_implement(&self, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
+        Self::check_layout(&self.desc, &args.layout())
+    }
+
+    /// Always 0: appending needs no scratch memory.
+    pub fn workspace_size(&self) -> usize {
+        0
+    }
+
+    pub fn sku(&self) -> KernelSku {
+        KernelSku {
+            category: OpCategory::KvCache,
+            op: AttentionKind::PagedKvAppend,
+            element: T::KIND,
+            aux_element: ElementKind::I32,
+            layout: KvLayout::Hnd,
+            epilogue: Epilogue::None,
+            arch: self.arch,
+            backend: BackendKind::RustPtx,
+            precision_guarantee: self.precision_guarantee(),
+        }
+    }
+
+    pub fn precision_guarantee(&self) -> PrecisionGuarantee {
+        PrecisionGuarantee {
+            math_precision: MathPrecision::Exact,
+            accumulator: T::KIND,
+            bit_stable_on_same_hardware: true,
+            deterministic: true,
+        }
+    }
+
+    /// Launches the append on `stream` (no allocation, no synchronization unless
+    /// [`PlanPreference::checked`]).
+    pub fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        _workspace: &mut Workspace<'_>,
+        args: &mut PagedKvAppendArgs<'_, T>,
+    ) -> Result<()> {
+        self.can_implement(args)?;
+        let kv = &self.desc.paged_kv;
+        if self.pref.checked {
+            check_page_table_on_device(
+                stream,
+                &self.check_fn,
+                PageTableView {
+                    indices: &args.indices,
+                    indptr: &args.indptr,
+                    last_page_len: &args.last_page_len,
+                },
+                self.desc.batch_size as u32,
+                kv,
+            )?;
+        }
+        let (key, _a) = args.key.data.device_ptr(stream);
+        let (value, _b) = args.value.data.device_ptr(stream);
+        let (indices, _i) = args.indices.data.device_ptr(stream);
+        let (indptr, _p) = args.indptr.data.device_ptr(stream);
+        let (last, _l) = args.last_page_len.data.device_ptr(stream);
+        let (k, _k) = args.k_data.data.device_ptr_mut(stream);
+        let (v, _v) = args.v_data.data.device_ptr_mut(stream);
+        for (name, ptr) in [("key", key), ("value", value), ("k_data", k), ("v_data", v)] {
+            aligned(name, ptr, 16)?;
+        }
+        let p = AppendParams {
+            key,
+            value,
+            k_data: k,
+            v_data: v,
+            indices,
+            indptr,
+            last_page_len: last,
+            batch: self.desc.batch_size as u32,
+            num_kv_heads: kv.num_kv_heads as u32,
+            page_size: kv.page_size as u32,
+            head_dim: kv.head_dim as u32,
+            num_total_pages: kv.num_total_pages as u32,
+            num_indices: args.indices.shape[0] as u32,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (self.desc.batch_size as u32, kv.num_kv_heads as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: shapes checked by `can_implement`; the kernel bounds-checks the page table.
+        unsafe { stream.launch_builder(&self.append_fn).arg(&p).launch(cfg)? };
+        Ok(())
+    }
+}
+
+fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {
+    positive("page_size", kv.page_size)?;
+    positive("num_total_pages", kv.num_total_pages)?;
+    positive("num_kv_heads", kv.num_kv_heads)?;
+    positive("head_dim", kv.head_dim)?;
+    if !SUPPORTED_HEAD_DIMS.contains(&kv.head_dim) {
+        return Err(Error::Unsupported(format!(
+            "head_dim {} (supported: {SUPPORTED_HEAD_DIMS:?})",
+            kv.head_dim
+        )));
+    }
+    if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
+        return Err(Error::Unsupported(format!("element type {:?}", kv.element)));
+    }
+    let store = kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128 * kv.head_dim as u128;
+    if store * kv.element.size_bytes() as u128 > isize::MAX as u128 {
+        return Err(invalid("the paged K/V store's size overflows the address space"));
+    }
+    Ok(())
+}
+
+fn positive(name: &str, v: i32) -> Result<()> {
+    if v <= 0 {
+        return Err(invalid(format!("{name} must be positive, got {v}")));
+    }
+    Ok(())
+}
+
+fn expect_layout<const N: usize>(name: &str, t: &TensorLayout<N>, shape: [i32; N], meaning: &str) -> Result<()> {
+    if t.shape != shape {
+        return Err(invalid(format!("{name}: shape {:?} must be {meaning} = {shape:?}", t.shape)));
+    }
+    if !t.is_contiguous() {
+        return Err(invalid(format!(
+            "{name}: strides {:?} are not contiguous row-major for shape {:?}",
+            t.stride, t.shape
+        )));
+    }
+    if t.storage_len < t.numel() {
+        return Err(invalid(format!(
+            "{name}: storage holds {} elements, the shape needs {}",
+            t.storage_len,
+            t.numel()
+        )));
+    }
+    Ok(())
+}
+
+fn aligned(name: &'static str, ptr: u64, required: usize) -> Result<()> {
+    if ptr % required as u64 != 0 {
+        return Err(Error::MisalignedOperand { operand: name, required });
+    }
+    Ok(())
+}

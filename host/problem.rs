@@ -1,0 +1,275 @@
+//! Random paged decode problems on the host and their device copies: shared by the GPU tests,
+//! the CLI's main job and the benchmark.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use crate::error::Result;
+use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
+use crate::reference::PageTable;
+use crate::tensor::{TensorMut, TensorRef, Workspace};
+use crate::types::*;
+
+/// SplitMix64: small, fast, reproducible.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[0, n)`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() >> 32) * n) >> 32
+    }
+    /// Uniform in `[-1, 1)`.
+    pub fn symmetric(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+    /// Fisher–Yates shuffle.
+    pub fn shuffle<X>(&mut self, v: &mut [X]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
+}
+
+/// Sizes of a decode problem; lengths are per request, pages are allocated in random order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProblemSpec {
+    pub lens: Vec<usize>,
+    pub num_qo_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub page_size: usize,
+    pub sm_scale: f32,
+    /// Multiplies the random queries: larger values give peakier softmaxes.
+    pub q_scale: f64,
+    /// Unused pages added to the store (so page ids are not dense).
+    pub spare_pages: usize,
+    pub seed: u64,
+}
+
+impl ProblemSpec {
+    /// `batch` requests of `kv_len` tokens, `1/sqrt(d)` scaling.
+    pub fn uniform(batch: usize, kv_len: usize, hq: usize, hkv: usize, d: usize, page: usize) -> Self {
+        Self {
+            lens: vec![kv_len; batch],
+            num_qo_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            page_size: page,
+            sm_scale: 1.0 / (d as f32).sqrt(),
+            q_scale: 1.0,
+            spare_pages: 0,
+            seed: 0x5eed,
+        }
+    }
+
+    pub fn batch(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Bytes of K and V read (what FlashInfer's harness counts, plus q).
+    pub fn kv_bytes(&self, element: ElementKind) -> usize {
+        let tokens: usize = self.lens.iter().sum();
+        2 * tokens * self.num_kv_heads * self.head_dim * element.size_bytes()
+            + 2 * self.batch() * self.num_qo_heads * self.head_dim * element.size_bytes()
+    }
+}
+
+/// A decode problem in host memory.
+#[derive(Debug, Clone)]
+pub struct HostProblem<T> {
+    pub spec: ProblemSpec,
+    pub desc: BatchPagedDecodeDescriptor,
+    pub q: Vec<T>,
+    pub k_data: Vec<T>,
+    pub v_data: Vec<T>,
+    pub indices: Vec<i32>,
+    pub indptr: Vec<i32>,
+    pub last_page_len: Vec<i32>,
+}
+
+impl<T: Element> HostProblem<T> {
+    /// Random q/K/V in `[-1, 1)` and a page table over a random permutation of the pages.
+    pub fn random(spec: &ProblemSpec) -> Self {
+        let mut rng = Rng::new(spec.seed);
+        let ps = spec.page_size;
+        let pages_per: Vec<usize> = spec.lens.iter().map(|&l| l.div_ceil(ps)).collect();
+        let used: usize = pages_per.iter().sum();
+        let total_pages = (used + spec.spare_pages).max(1);
+        let mut perm: Vec<i32> = (0..total_pages as i32).collect();
+        rng.shuffle(&mut perm);
+        let mut indptr = vec![0i32];
+        for &n in &pages_per {
+            indptr.push(indptr.last().unwrap() + n as i32);
+        }
+        let indices = perm[..used].to_vec();
+        let last_page_len =
+            spec.lens.iter().map(|&l| if l == 0 { 0 } else { (l - (l.div_ceil(ps) - 1) * ps) as i32 }).collect();
+        let desc = BatchPagedDecodeDescriptor {
+            batch_size: spec.batch() as i32,
+            num_qo_heads: spec.num_qo_heads as i32,
+            sm_scale: spec.sm_scale,
+            paged_kv: PagedKvCacheDescriptor {
+                page_size: ps as i32,
+                num_total_pages: total_pages as i32,
+                num_kv_heads: spec.num_kv_heads as i32,
+                head_dim: spec.head_dim as i32,
+                element: T::KIND,
+            },
+        };
+        let q_len = spec.batch() * spec.num_qo_heads * spec.head_dim;
+        let q = (0..q_len).map(|_| T::from_f64(rng.symmetric() * spec.q_scale)).collect();
+        let store = total_pages * spec.num_kv_heads * ps * spec.head_dim;
+        let k_data = random_vec(&mut rng, store);
+        let v_data = random_vec(&mut rng, store);
+        Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len }
+    }
+
+    pub fn page_table(&self) -> PageTable<'_> {
+        PageTable { indptr: &self.indptr, indices: &self.indices, last_page_len: &self.last_page_len }
+    }
+
+    /// Float64 reference output of request `b` alone (`o`: `[Hq, D]`, `lse`: `[Hq]`).
+    pub fn reference_request(&self, b: usize) -> Result<crate::reference::DecodeOutput> {
+        let (start, stop) = (self.indptr[b] as usize, self.indptr[b + 1] as usize);
+        let row = self.spec.num_qo_heads * self.spec.head_dim;
+        let desc = BatchPagedDecodeDescriptor { batch_size: 1, ..self.desc };
+        let indptr = [0, (stop - start) as i32];
+        let last = [self.last_page_len[b]];
+        let table = PageTable { indptr: &indptr, indices: &self.indices[start..stop], last_page_len: &last };
+        crate::reference::decode(&desc, &self.q[b * row..(b + 1) * row], &self.k_data, &self.v_data, table)
+    }
+
+    /// Float64 reference output of every request.
+    pub fn reference(&self) -> Result<crate::reference::DecodeOutput> {
+        crate::reference::decode(&self.desc, &self.q, &self.k_data, &self.v_data, self.page_table())
+    }
+}
+
+fn random_vec<T: Element>(rng: &mut Rng, n: usize) -> Vec<T> {
+    (0..n).map(|_| T::from_f64(rng.symmetric())).collect()
+}
+
+/// Device copies of a [`HostProblem`] plus outputs and a workspace.
+#[derive(Debug)]
+pub struct DeviceProblem<T> {
+    pub q: CudaSlice<T>,
+    pub k_data: CudaSlice<T>,
+    pub v_data: CudaSlice<T>,
+    pub indices: CudaSlice<i32>,
+    pub indptr: CudaSlice<i32>,
+    pub last_page_len: CudaSlice<i32>,
+    pub o: CudaSlice<T>,
+    pub lse: CudaSlice<f32>,
+    pub workspace: CudaSlice<u8>,
+    shape: (i32, i32, i32, [i32; 4]),
+}
+
+impl<T: Element> DeviceProblem<T> {
+    /// Uploads `host` and allocates outputs and `workspace_bytes` of workspace.
+    pub fn upload(stream: &Arc<CudaStream>, host: &HostProblem<T>, workspace_bytes: usize) -> Result<Self> {
+        let kv = &host.desc.paged_kv;
+        let (b, hq, d) = (host.desc.batch_size, host.desc.num_qo_heads, kv.head_dim);
+        // A zero-length slice has no device address; keep at least one element.
+        let indices = if host.indices.is_empty() { vec![0] } else { host.indices.clone() };
+        Ok(Self {
+            q: stream.clone_htod(&host.q)?,
+            k_data: stream.clone_htod(&host.k_data)?,
+            v_data: stream.clone_htod(&host.v_data)?,
+            indices: stream.clone_htod(&indices)?,
+            indptr: stream.clone_htod(&host.indptr)?,
+            last_page_len: stream.clone_htod(&host.last_page_len)?,
+            o: stream.alloc_zeros((b * hq * d) as usize)?,
+            lse: stream.alloc_zeros((b * hq) as usize)?,
+            workspace: stream.alloc_zeros(workspace_bytes.max(1))?,
+            shape: (b, hq, host.indices.len() as i32, [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d]),
+        })
+    }
+
+    /// Decode arguments viewing these buffers.
+    pub fn args(&mut self) -> BatchPagedDecodeArgs<'_, T> {
+        let (b, hq, n, store) = self.shape;
+        let d = store[3];
+        BatchPagedDecodeArgs {
+            q: TensorRef::new(self.q.slice(..), [b, hq, d]),
+            k_data: TensorRef::new(self.k_data.slice(..), store),
+            v_data: TensorRef::new(self.v_data.slice(..), store),
+            indices: TensorRef::new(self.indices.slice(..), [n]),
+            indptr: TensorRef::new(self.indptr.slice(..), [b + 1]),
+            last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
+            o: TensorMut::new(self.o.slice_mut(..), [b, hq, d]),
+            lse: TensorMut::new(self.lse.slice_mut(..), [b, hq]),
+        }
+    }
+
+    /// Decode arguments and the workspace, borrowed together.
+    pub fn args_and_workspace(&mut self) -> (BatchPagedDecodeArgs<'_, T>, Workspace<'_>) {
+        let (b, hq, n, store) = self.shape;
+        let d = store[3];
+        let args = BatchPagedDecodeArgs {
+            q: TensorRef::new(self.q.slice(..), [b, hq, d]),
+            k_data: TensorRef::new(self.k_data.slice(..), store),
+            v_data: TensorRef::new(self.v_data.slice(..), store),
+            indices: TensorRef::new(self.indices.slice(..), [n]),
+            indptr: TensorRef::new(self.indptr.slice(..), [b + 1]),
+            last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
+            o: TensorMut::new(self.o.slice_mut(..), [b, hq, d]),
+            lse: TensorMut::new(self.lse.slice_mut(..), [b, hq]),
+        };
+        (args, Workspace::Borrowed(self.workspace.slice_mut(..)))
+    }
+
+    /// Append arguments writing `key`/`value` into this problem's store.
+    pub fn append_args<'a>(
+        &'a mut self,
+        key: &'a CudaSlice<T>,
+        value: &'a CudaSlice<T>,
+    ) -> PagedKvAppendArgs<'a, T> {
+        let (b, _, n, store) = self.shape;
+        let row = [b, store[1], store[3]];
+        PagedKvAppendArgs {
+            key: TensorRef::new(key.slice(..), row),
+            value: TensorRef::new(value.slice(..), row),
+            k_data: TensorMut::new(self.k_data.slice_mut(..), store),
+            v_data: TensorMut::new(self.v_data.slice_mut(..), store),
+            indices: TensorRef::new(self.indices.slice(..), [n]),
+            indptr: TensorRef::new(self.indptr.slice(..), [b + 1]),
+            last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
+        }
+    }
+}
+
+/// Relative L2 error `‖out − ref‖ / ‖ref‖` (NaN in `out` gives NaN; a zero reference compares
+/// absolutely).
+pub fn rel_l2(out: impl IntoIterator<Item = f64>, reference: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    let mut n = 0;
+    for (o, r) in out.into_iter().zip(reference) {
+        num += (o - r) * (o - r);
+        den += r * r;
+        n += 1;
+    }
+    debug_assert_eq!(n, reference.len());
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+/// Relative-error thresholds per element type (f32 ≤ 1e-5, f16 ≤ 1e-3, bf16 ≤ 8e-3) and the
+/// absolute lse threshold.
+pub fn tolerances(kind: ElementKind) -> (f64, f64) {
+    match kind {
+        ElementKind::F32 => (1e-5, 1e-5),
+        ElementKind::F16 => (1e-3, 1e-3),
+        _ => (8e-3, 1e-3),
+    }
+}

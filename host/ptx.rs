@@ -1,0 +1,39 @@
+//! The PTX built from `kernels-gpu` by `build.rs`, and its entry points.
+
+/// PTX text of every kernel (target `PAGED_DECODE_PTX_ARCH`, default sm_80).
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+
+/// Names of the `.entry` functions declared in `ptx`, in order of appearance.
+pub fn entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+        .map(|rest| rest.split(['(', ' ']).next().unwrap_or(rest).trim())
+        .collect()
+}
+
+/// Entry points the host launches; the build must provide all of them.
+pub const EXPECTED_ENTRIES: &[&str] = &[
+    "decode_mma_f16_d64",
+    "decode_mma_f16_d128",
+    "decode_mma_f16_d256",
+    "decode_mma_bf16_d64",
+    "decode_mma_bf16_d128",
+    "decode_mma_bf16_d256",
+    "decode_simt_f32_d64",
+    "decode_simt_f32_d128",
+    "decode_simt_f32_d256",
+    "merge_f16_d64",
+    "merge_f16_d128",
+    "merge_f16_d256",
+    "merge_bf16_d64",
+    "merge_bf16_d128",
+    "merge_bf16_d256",
+    "merge_f32_d64",
+    "merge_f32_d128",
+    "merge_f32_d256",
+    "append_f16",
+    "append_bf16",
+    "append_f32",
+    "check_page_table",
+    "read_bandwidth",
+];

@@ -1,0 +1,202 @@
+//! Plain-data descriptions of problems, kernels and their guarantees.
+
+use half::{bf16, f16};
+
+/// Element types of Q, K, V and O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElementKind {
+    F16,
+    BF16,
+    F32,
+    I32,
+    U8,
+}
+
+impl ElementKind {
+    /// Size of one element in bytes.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            ElementKind::F16 | ElementKind::BF16 => 2,
+            ElementKind::F32 | ElementKind::I32 => 4,
+            ElementKind::U8 => 1,
+        }
+    }
+}
+
+/// A floating-point element type the decode kernels accept.
+pub trait Element:
+    cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+{
+    /// The matching [`ElementKind`].
+    const KIND: ElementKind;
+    /// Widens to f64 (exact for every supported type).
+    fn to_f64(self) -> f64;
+    /// Rounds from f64 to nearest.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for f16 {
+    const KIND: ElementKind = ElementKind::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+}
+
+impl Element for bf16 {
+    const KIND: ElementKind = ElementKind::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+}
+
+impl Element for f32 {
+    const KIND: ElementKind = ElementKind::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+/// GPU architecture a kernel was selected for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArchSku {
+    /// Ampere and later through the PTX JIT (sm_80+).
+    Sm80,
+    /// Hopper (sm_90).
+    Sm90,
+}
+
+/// Who implements the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// Rust kernels compiled by rustc's NVPTX backend, JIT-compiled by the driver.
+    RustPtx,
+}
+
+/// Broad kernel family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpCategory {
+    Attention,
+    KvCache,
+}
+
+/// Attention operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    /// Decode over a paged K/V store (one query row per request).
+    PagedAttention,
+    /// Appending one token per request to a paged K/V store.
+    PagedKvAppend,
+}
+
+/// Memory layout of the paged K/V store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvLayout {
+    /// `[pages, kv_heads, page_size, head_dim]`.
+    Hnd,
+}
+
+/// What is computed after the attention itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// Output rows plus the base-2 log-sum-exp of the scaled logits.
+    OutputAndLse,
+    /// No epilogue (store-only kernels).
+    None,
+}
+
+/// Precision of the inner products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MathPrecision {
+    /// Inputs in their own 16-bit type multiplied on tensor cores (`mma.sync`), f32 accumulation.
+    TensorCore16,
+    /// f32 multiply-add on CUDA cores.
+    Fp32,
+    /// No arithmetic (data movement only).
+    Exact,
+}
+
+/// What a plan promises about its numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrecisionGuarantee {
+    pub math_precision: MathPrecision,
+    /// Accumulator type of the softmax and of `P·V`.
+    pub accumulator: ElementKind,
+    /// Same inputs on the same GPU give bit-identical outputs.
+    pub bit_stable_on_same_hardware: bool,
+    /// Results do not depend on scheduling (no float atomics).
+    pub deterministic: bool,
+}
+
+/// Identity of the kernel a plan selected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelSku {
+    pub category: OpCategory,
+    pub op: AttentionKind,
+    pub element: ElementKind,
+    /// Type of the auxiliary output (`lse`: f32) or of the page table (i32).
+    pub aux_element: ElementKind,
+    pub layout: KvLayout,
+    pub epilogue: Epilogue,
+    pub arch: ArchSku,
+    pub backend: BackendKind,
+    pub precision_guarantee: PrecisionGuarantee,
+}
+
+/// Caller's preferences for `select`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanPreference {
+    /// Largest workspace the caller can provide; plans needing more are refused.
+    pub max_workspace_bytes: usize,
+    /// Accept Hopper-specific kernels when running on sm_90.
+    pub allow_sm90a: bool,
+    /// Restrict selection to one backend.
+    pub prefer_backend: Option<BackendKind>,
+    /// Validate the page table on the device before each `run` and report violations as
+    /// [`crate::Error::InvalidPageTable`]. This synchronizes the stream, so a checked `run`
+    /// cannot be captured into a CUDA graph.
+    pub checked: bool,
+}
+
+impl Default for PlanPreference {
+    fn default() -> Self {
+        Self { max_workspace_bytes: usize::MAX, allow_sm90a: true, prefer_backend: None, checked: false }
+    }
+}
+
+/// Geometry of a paged K/V store in HND layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKvCacheDescriptor {
+    /// Tokens per page.
+    pub page_size: i32,
+    /// Pages in `k_data` / `v_data`.
+    pub num_total_pages: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub element: ElementKind,
+}
+
+/// A batched decode problem.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchPagedDecodeDescriptor {
+    pub batch_size: i32,
+    pub num_qo_heads: i32,
+    /// Scale applied to `q·k` before the softmax (commonly `1/sqrt(head_dim)`).
+    pub sm_scale: f32,
+    pub paged_kv: PagedKvCacheDescriptor,
+}
+
+/// Appending one token per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKvAppendDescriptor {
+    pub batch_size: i32,
+    pub paged_kv: PagedKvCacheDescriptor,
+}

@@ -1,0 +1,44 @@
+//! Appends one K/V token per request to the paged store.
+//!
+//! Convention: the caller has already advanced the page table for the new token (a new page
+//! allocated when the last one was full, and `last_page_len[b]` incremented), so the token goes
+//! to slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
+//! `last_page_len` outside `[1, page_size]`, or a page id outside the store, are skipped.
+//!
+//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte chunks of the `head_dim` row.
+
+use crate::element::Elem;
+use crate::intrinsics::*;
+use crate::params::AppendParams;
+
+#[inline(always)]
+pub unsafe fn append_token<T: Elem>(p: &AppendParams) {
+    let (b, h, _) = block_idx();
+    let indptr = p.indptr as *const i32;
+    let (start, stop) = unsafe { (ld_nc_i32(indptr.add(b as usize)), ld_nc_i32(indptr.add(b as usize + 1))) };
+    if start < 0 || stop <= start || stop as u32 > p.num_indices {
+        return;
+    }
+    let last = unsafe { ld_nc_i32((p.last_page_len as *const i32).add(b as usize)) };
+    if last < 1 || last as u32 > p.page_size {
+        return;
+    }
+    let page = unsafe { ld_nc_i32((p.indices as *const i32).add(stop as usize - 1)) };
+    if page < 0 || page as u32 >= p.num_total_pages {
+        return;
+    }
+    let d = p.head_dim as usize;
+    let dst_row = ((page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize + last as usize - 1) * d;
+    let src_row = (b as usize * p.num_kv_heads as usize + h as usize) * d;
+    let chunks = d * core::mem::size_of::<T>() / 16;
+    let mut c = thread_idx() as usize;
+    while c < chunks {
+        unsafe {
+            let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
+            let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));
+            *(((p.k_data as *mut T).add(dst_row) as *mut [u32; 4]).add(c)) = k;
+            *(((p.v_data as *mut T).add(dst_row) as *mut [u32; 4]).add(c)) = v;
+        }
+        c += 32;
+    }
+}

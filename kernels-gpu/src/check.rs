@@ -1,0 +1,44 @@
+//! Device-side page-table check: one warp per request, reads only inside the arrays' bounds.
+//! Each violation `code` of request `b` is folded into `status` as `min((b << 8) | code)`.
+
+use crate::intrinsics::*;
+use crate::params::{PageTableCheckParams, check_code};
+
+#[inline(always)]
+pub unsafe fn check_page_table(p: &PageTableCheckParams) {
+    let lane = thread_idx() % 32;
+    let b = block_idx().0 * (block_dim_x() / 32) + thread_idx() / 32;
+    if b >= p.batch {
+        return;
+    }
+    let report = |code: u32| unsafe { atomic_min_u64(p.status as *mut u64, ((b as u64) << 8) | code as u64) };
+    let indptr = p.indptr as *const i32;
+    let (start, stop) = unsafe { (ld_nc_i32(indptr.add(b as usize)), ld_nc_i32(indptr.add(b as usize + 1))) };
+    let last = unsafe { ld_nc_i32((p.last_page_len as *const i32).add(b as usize)) };
+    let n = p.num_indices as i32;
+    if lane == 0 && (last < 0 || last as u32 > p.page_size) {
+        report(check_code::LAST_PAGE_LEN_OUT_OF_RANGE);
+    }
+    if start < 0 || start > n || stop < 0 || stop > n {
+        if lane == 0 {
+            report(check_code::INDPTR_OUT_OF_RANGE);
+        }
+        return;
+    }
+    if stop < start {
+        if lane == 0 {
+            report(check_code::INDPTR_DECREASING);
+        }
+        return;
+    }
+    let mut i = start + lane as i32;
+    let mut bad = false;
+    while i < stop {
+        let page = unsafe { ld_nc_i32((p.indices as *const i32).add(i as usize)) };
+        bad |= page < 0 || page as u32 >= p.num_total_pages;
+        i += 32;
+    }
+    if bad {
+        report(check_code::PAGE_OUT_OF_RANGE);
+    }
+}

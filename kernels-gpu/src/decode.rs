@@ -1,0 +1,437 @@
+//! Batched paged-KV decode attention.
+//!
+//! Data layout
+//! - `q`, `o`: `[batch, num_qo_heads, D]`; `lse`: `[batch, num_qo_heads]` (base 2).
+//! - `k_data`, `v_data`: `[pages, num_kv_heads, page_size, D]` (HND). Token `t` of request `b` lives
+//!   in page `indices[indptr[b] + t / page_size]`, slot `t % page_size`.
+//! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
+//!
+//! Parallelisation
+//! - Grid `(batch, num_kv_heads * head_blocks, num_splits)`. One CTA of 4 warps owns one
+//!   (request, KV head, block of ≤ 64 query heads of its GQA group, token chunk). Every K/V byte
+//!   of the chunk is read from HBM once and shared by all query heads of the group.
+//! - K/V tiles of 64 tokens stream global → shared through a multi-stage `cp.async` pipeline.
+//!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
+//!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
+//! - Warps split the 16-row query tiles and the tile's 16-token blocks between them; their
+//!   partial (m, l, O) are combined through shared memory at the end.
+//! - With `num_splits > 1` each CTA writes a partial (O, lse) to the workspace and
+//!   [`merge_splits`] combines them; with 1 split the CTA writes `o` and `lse` directly.
+//! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
+//!   unspecified values but never an out-of-bounds access.
+
+use crate::element::{Elem, MmaElem};
+use crate::intrinsics::*;
+use crate::params::{DECODE_HEADS_PER_CTA, DECODE_THREADS, DECODE_TILE_TOKENS, DecodeParams};
+
+const TILE: u32 = DECODE_TILE_TOKENS;
+const WARPS: u32 = DECODE_THREADS / 32;
+
+/// Token range `[begin, end)` of one split of request `b`, and the request's first index slot.
+pub struct Chunk {
+    pub begin: u32,
+    pub end: u32,
+    pub first_index: u32,
+    pub num_pages: u32,
+}
+
+#[inline(always)]
+pub unsafe fn request_chunk(p: &DecodeParams, b: u32, split: u32) -> Chunk {
+    let indptr = p.indptr as *const i32;
+    let clamp = |v: i32| (v.max(0) as u32).min(p.num_indices);
+    let start = clamp(unsafe { ld_nc_i32(indptr.add(b as usize)) });
+    let stop = clamp(unsafe { ld_nc_i32(indptr.add(b as usize + 1)) }).max(start);
+    let num_pages = stop - start;
+    let last = unsafe { ld_nc_i32((p.last_page_len as *const i32).add(b as usize)) };
+    let last = (last.max(0) as u32).min(p.page_size);
+    let len = if num_pages == 0 { 0 } else { (num_pages - 1) * p.page_size + last };
+    let per_split = len.div_ceil(p.num_splits).next_multiple_of(16).max(p.min_chunk);
+    let begin = split.saturating_mul(per_split).min(len);
+    let end = begin.saturating_add(per_split).min(len);
+    Chunk { begin, end, first_index: start, num_pages }
+}
+
+/// Element offset of token `t`'s row for KV head `h` (page id clamped into the store).
+#[inline(always)]
+unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32, head_dim: u32) -> usize {
+    let slot = t / p.page_size;
+    let idx = c.first_index + slot.min(c.num_pages - 1);
+    let page = unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) };
+    let page = (page.max(0) as u32).min(p.num_total_pages - 1);
+    let row = (page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize
+        + (t - slot * p.page_size) as usize;
+    row * head_dim as usize
+}
+
+/// Byte offset of 16-byte chunk `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
+/// that `ldmatrix` over 8 consecutive rows hits 8 distinct bank groups.
+#[inline(always)]
+fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
+    r * D * 2 + ((c ^ (r & 7)) << 4)
+}
+
+/// Tensor-core decode for 16-bit elements; `QK` = D/16 k-steps, `DN` = D/8 output n-tiles,
+/// `STAGES` pipeline depth, `Q_IN_REGS` keeps the query fragments in registers.
+#[inline(always)]
+pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: usize, const STAGES: u32, const Q_IN_REGS: bool>(
+    p: &DecodeParams,
+) {
+    const { assert!(QK as u32 * 16 == D && DN as u32 * 8 == D) };
+    let tid = thread_idx();
+    let lane = tid % 32;
+    let warp = tid / 32;
+    let (b, y, split) = block_idx();
+    let group = p.num_qo_heads / p.num_kv_heads;
+    let head_blocks = group.div_ceil(DECODE_HEADS_PER_CTA);
+    let kv_head = y / head_blocks;
+    let head0 = (y % head_blocks) * DECODE_HEADS_PER_CTA;
+    let heads = (group - head0).min(DECODE_HEADS_PER_CTA);
+    let q_tiles = heads.div_ceil(16);
+    // Warp roles: query tile `mt`, token-block phase `phase` of `phases`.
+    let phases = WARPS / q_tiles;
+    let mt = warp % q_tiles;
+    let phase = warp / q_tiles;
+    let first_qo_head = kv_head * group + head0;
+
+    let chunk = unsafe { request_chunk(p, b, split) };
+    let cpr = D / 8; // 16-byte chunks per row
+    let q_smem = smem_base();
+    let kv_smem = q_smem + q_tiles * 16 * D * 2;
+    let tile_bytes = TILE * D * 2;
+
+    // Q → shared (rows past the group are zero).
+    let mut e = tid;
+    while e < q_tiles * 16 * cpr {
+        let (r, c) = (e / cpr, e % cpr);
+        let v = if r < heads {
+            let off = ((b * p.num_qo_heads + first_qo_head + r) * D + c * 8) as usize;
+            unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
+        } else {
+            [0; 4]
+        };
+        unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
+        e += DECODE_THREADS;
+    }
+
+    let n_tiles = (chunk.end - chunk.begin).div_ceil(TILE);
+    let issue_tile = |tile: u32| {
+        let stage = tile % STAGES;
+        let k_dst = kv_smem + stage * 2 * tile_bytes;
+        let v_dst = k_dst + tile_bytes;
+        let t0 = chunk.begin + tile * TILE;
+        let c = tid % cpr;
+        let mut r = tid / cpr;
+        while r < TILE {
+            let t = t0 + r;
+            let valid = t < chunk.end;
+            let off = if valid { unsafe { token_row(p, &chunk, kv_head, t, D) + (c * 8) as usize } } else { 0 };
+            let n = if valid { 16 } else { 0 };
+            let dst = swizzle::<D>(r, c);
+            unsafe {
+                cp_async_16(k_dst + dst, (p.k_data as *const T).add(off) as *const u8, n);
+                cp_async_16(v_dst + dst, (p.v_data as *const T).add(off) as *const u8, n);
+            }
+            r += DECODE_THREADS / cpr;
+        }
+    };
+    for s in 0..STAGES - 1 {
+        if s < n_tiles {
+            issue_tile(s);
+        }
+        cp_async_commit();
+    }
+    sync_threads();
+
+    let g = lane / 4; // fragment row (and +8)
+    let t4 = lane % 4; // fragment column pair
+    let q_row_base = q_smem + 0; // swizzle adds the row
+    let q_frag = |kk: u32| -> [u32; 4] {
+        let r = mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        unsafe { ldmatrix_x4(q_row_base + swizzle::<D>(r, 2 * kk + lane / 16)) }
+    };
+    let mut q_regs = [[0u32; 4]; QK];
+    if Q_IN_REGS {
+        for kk in 0..QK {
+            q_regs[kk] = q_frag(kk as u32);
+        }
+    }
+
+    let mut m = [f32::NEG_INFINITY; 2];
+    let mut l = [0f32; 2];
+    let mut o = [[0f32; 4]; DN];
+    let active = phase < phases;
+
+    for tile in 0..n_tiles {
+        let next = tile + STAGES - 1;
+        if next < n_tiles {
+            issue_tile(next);
+        }
+        cp_async_commit();
+        cp_async_wait_dyn(STAGES - 1);
+        sync_threads();
+
+        let k_tile = kv_smem + (tile % STAGES) * 2 * tile_bytes;
+        let v_tile = k_tile + tile_bytes;
+        let t0 = chunk.begin + tile * TILE;
+        let mut sb = phase;
+        while active && sb < TILE / 16 && t0 + sb * 16 < chunk.end {
+            let row0 = sb * 16;
+            // S = Q · Kᵀ for 16 tokens (two n-tiles of 8).
+            let mut s = [[0f32; 4]; 2];
+            for kk in 0..QK {
+                let qa = if Q_IN_REGS { q_regs[kk] } else { q_frag(kk as u32) };
+                let kr = row0 + (lane % 8) + 8 * (lane / 16);
+                let kb = unsafe { ldmatrix_x4(k_tile + swizzle::<D>(kr, 2 * kk as u32 + (lane / 8) % 2)) };
+                T::mma(&mut s[0], qa, kb[0], kb[1]);
+                T::mma(&mut s[1], qa, kb[2], kb[3]);
+            }
+            // Scale, mask tokens past the chunk, online softmax (rows g and g + 8).
+            let mut row_max = [f32::NEG_INFINITY; 2];
+            for nt in 0..2 {
+                for i in 0..4 {
+                    let t = t0 + row0 + nt as u32 * 8 + 2 * t4 + (i as u32 & 1);
+                    s[nt][i] = if t < chunk.end { s[nt][i] * p.scale_log2 } else { f32::NEG_INFINITY };
+                    row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
+                }
+            }
+            let mut scale = [0f32; 2];
+            for r in 0..2 {
+                row_max[r] = fmax(row_max[r], shfl_xor(row_max[r], 1));
+                row_max[r] = fmax(row_max[r], shfl_xor(row_max[r], 2));
+                let m_new = fmax(m[r], row_max[r]);
+                scale[r] = exp2(m[r] - m_new);
+                m[r] = m_new;
+                l[r] *= scale[r];
+            }
+            for nt in 0..2 {
+                for i in 0..4 {
+                    s[nt][i] = exp2(s[nt][i] - m[i / 2]);
+                    l[i / 2] += s[nt][i];
+                }
+            }
+            for n in 0..DN {
+                for i in 0..4 {
+                    o[n][i] *= scale[i / 2];
+                }
+            }
+            // O += P · V, P re-packed from the S accumulators as the A operand.
+            let pa = [
+                T::pack2(s[0][0], s[0][1]),
+                T::pack2(s[0][2], s[0][3]),
+                T::pack2(s[1][0], s[1][1]),
+                T::pack2(s[1][2], s[1][3]),
+            ];
+            for dn in 0..DN / 2 {
+                let vr = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
+                let vb = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(vr, 2 * dn as u32 + lane / 16)) };
+                T::mma(&mut o[2 * dn], pa, vb[0], vb[1]);
+                T::mma(&mut o[2 * dn + 1], pa, vb[2], vb[3]);
+            }
+            sb += phases;
+        }
+        sync_threads();
+    }
+    cp_async_wait::<0>();
+
+    // Per-warp partials → shared (reusing the pipeline buffers): O[16][D] f32, then m[16], l[16].
+    for r in 0..2 {
+        l[r] += shfl_xor(l[r], 1);
+        l[r] += shfl_xor(l[r], 2);
+    }
+    let part_bytes = 16 * D * 4 + 2 * 16 * 4;
+    let part = unsafe { smem_ptr().add((kv_smem - q_smem) as usize) };
+    let my_part = unsafe { part.add((warp * part_bytes) as usize) } as *mut f32;
+    for n in 0..DN {
+        for i in 0..4 {
+            let row = g + 8 * (i as u32 / 2);
+            let col = n as u32 * 8 + 2 * t4 + (i as u32 & 1);
+            unsafe { *my_part.add((row * D + col) as usize) = o[n][i] };
+        }
+    }
+    if t4 == 0 {
+        for r in 0..2 {
+            let row = g + 8 * r as u32;
+            unsafe {
+                *my_part.add((16 * D + row) as usize) = m[r];
+                *my_part.add((16 * D + 16 + row) as usize) = l[r];
+            }
+        }
+    }
+    sync_threads();
+
+    // Combine the phases of each query row and write the result (or the split's partial).
+    let quads = D / 4;
+    let mut e = tid;
+    while e < heads * quads {
+        let (row, d4) = (e / quads, e % quads);
+        let (tile_idx, r) = (row / 16, row % 16);
+        let warp_part = |ph: u32| unsafe { part.add(((tile_idx + ph * q_tiles) * part_bytes) as usize) as *const f32 };
+        let mut m_all = f32::NEG_INFINITY;
+        for ph in 0..phases {
+            m_all = fmax(m_all, unsafe { *warp_part(ph).add((16 * D + r) as usize) });
+        }
+        let mut l_all = 0f32;
+        let mut acc = [0f32; 4];
+        if m_all != f32::NEG_INFINITY {
+            for ph in 0..phases {
+                let wp = warp_part(ph);
+                let w = exp2(unsafe { *wp.add((16 * D + r) as usize) } - m_all);
+                l_all += w * unsafe { *wp.add((16 * D + 16 + r) as usize) };
+                for i in 0..4 {
+                    acc[i] += w * unsafe { *wp.add((r * D + d4 * 4 + i as u32) as usize) };
+                }
+            }
+        }
+        let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
+        let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
+        let qo = (b * p.num_qo_heads + first_qo_head + row) as usize;
+        unsafe { write_row_quad::<T>(p, split, qo, D, d4, [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv], lse) };
+        e += DECODE_THREADS;
+    }
+}
+
+/// Writes 4 consecutive outputs of row `qo` (and its lse, from the `d4 == 0` thread): to `o`/`lse`
+/// without splitting, else to this split's slot of the workspace.
+#[inline(always)]
+unsafe fn write_row_quad<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, d4: u32, v: [f32; 4], lse: f32) {
+    let rows = p.batch as usize * p.num_qo_heads as usize;
+    let col = (d4 * 4) as usize;
+    unsafe {
+        if p.num_splits == 1 {
+            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
+            for i in 0..4 {
+                *out.add(i) = T::from_f32(v[i]);
+            }
+            if d4 == 0 {
+                *(p.lse as *mut f32).add(qo) = lse;
+            }
+        } else {
+            let slot = split as usize * rows + qo;
+            let out = (p.partial_o as *mut f32).add(slot * head_dim as usize + col);
+            for i in 0..4 {
+                *out.add(i) = v[i];
+            }
+            if d4 == 0 {
+                *(p.partial_lse as *mut f32).add(slot) = lse;
+            }
+        }
+    }
+}
+
+/// CUDA-core decode (any element type; used for f32): grid as [`decode_mma`] with one head block;
+/// warp `w` handles query heads `w, w + 4, …` of the group, lanes split `D` (`VPL` values each).
+#[inline(always)]
+pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams) {
+    const { assert!(VPL as u32 * 32 == D) };
+    let tid = thread_idx();
+    let lane = tid % 32;
+    let warp = tid / 32;
+    let (b, kv_head, split) = block_idx();
+    let group = p.num_qo_heads / p.num_kv_heads;
+    let chunk = unsafe { request_chunk(p, b, split) };
+    let col = lane * VPL as u32;
+    let mut head = warp;
+    while head < group {
+        let qo = (b * p.num_qo_heads + kv_head * group + head) as usize;
+        let mut q = [0f32; VPL];
+        for i in 0..VPL {
+            q[i] = unsafe { *(p.q as *const T).add(qo * D as usize + col as usize + i) }.to_f32();
+        }
+        let mut m = f32::NEG_INFINITY;
+        let mut l = 0f32;
+        let mut o = [0f32; VPL];
+        for t in chunk.begin..chunk.end {
+            let row = unsafe { token_row(p, &chunk, kv_head, t, D) } + col as usize;
+            let k = unsafe { (p.k_data as *const T).add(row) };
+            let v = unsafe { (p.v_data as *const T).add(row) };
+            let mut dot = 0f32;
+            for i in 0..VPL {
+                dot += q[i] * unsafe { *k.add(i) }.to_f32();
+            }
+            let s = warp_sum(dot) * p.scale_log2;
+            let m_new = fmax(m, s);
+            let scale = exp2(m - m_new);
+            let w = exp2(s - m_new);
+            l = l * scale + w;
+            for i in 0..VPL {
+                o[i] = o[i] * scale + w * unsafe { *v.add(i) }.to_f32();
+            }
+            m = m_new;
+        }
+        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
+        for j in 0..VPL / 4 {
+            let d4 = lane * (VPL as u32 / 4) + j as u32;
+            let v = [o[4 * j] * inv, o[4 * j + 1] * inv, o[4 * j + 2] * inv, o[4 * j + 3] * inv];
+            unsafe { write_row_quad::<T>(p, split, qo, D, d4, v, lse) };
+        }
+        if VPL < 4 {
+            // D = 64: two values per lane; write them as a pair.
+            unsafe { write_row_pair::<T>(p, split, qo, D, lane, [o[0] * inv, o[VPL - 1] * inv], lse) };
+        }
+        head += WARPS;
+    }
+}
+
+#[inline(always)]
+unsafe fn write_row_pair<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, lane: u32, v: [f32; 2], lse: f32) {
+    let rows = p.batch as usize * p.num_qo_heads as usize;
+    let col = (lane * 2) as usize;
+    unsafe {
+        if p.num_splits == 1 {
+            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
+            *out = T::from_f32(v[0]);
+            *out.add(1) = T::from_f32(v[1]);
+            if lane == 0 {
+                *(p.lse as *mut f32).add(qo) = lse;
+            }
+        } else {
+            let slot = split as usize * rows + qo;
+            let out = (p.partial_o as *mut f32).add(slot * head_dim as usize + col);
+            *out = v[0];
+            *out.add(1) = v[1];
+            if lane == 0 {
+                *(p.partial_lse as *mut f32).add(slot) = lse;
+            }
+        }
+    }
+}
+
+/// Combines the `num_splits` partial (O, lse) of each (request, query head): one warp per row,
+/// `D / 32` columns per lane, splits visited in index order (deterministic).
+#[inline(always)]
+pub unsafe fn merge_splits<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams) {
+    let lane = thread_idx() % 32;
+    let rows = p.batch * p.num_qo_heads;
+    let row = block_idx().0 * WARPS + thread_idx() / 32;
+    if row >= rows {
+        return;
+    }
+    let lse_part = p.partial_lse as *const f32;
+    let mut m = f32::NEG_INFINITY;
+    for s in 0..p.num_splits {
+        m = fmax(m, unsafe { *lse_part.add((s * rows + row) as usize) });
+    }
+    let mut l = 0f32;
+    let mut acc = [0f32; VPL];
+    if m != f32::NEG_INFINITY {
+        for s in 0..p.num_splits {
+            let slot = (s * rows + row) as usize;
+            let w = exp2(unsafe { *lse_part.add(slot) } - m);
+            l += w;
+            let src = unsafe { (p.partial_o as *const f32).add(slot * D as usize + (lane * VPL as u32) as usize) };
+            for i in 0..VPL {
+                acc[i] += w * unsafe { *src.add(i) };
+            }
+        }
+    }
+    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    let out = unsafe { (p.o as *mut T).add(row as usize * D as usize + (lane * VPL as u32) as usize) };
+    for i in 0..VPL {
+        unsafe { *out.add(i) = T::from_f32(acc[i] * inv) };
+    }
+    if lane == 0 {
+        let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
+        unsafe { *(p.lse as *mut f32).add(row as usize) = lse };
+    }
+}

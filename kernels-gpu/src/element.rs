@@ -1,0 +1,103 @@
+//! Element types as the kernels see them: raw bits plus conversions and MMA.
+
+use core::arch::asm;
+
+/// A storage element of Q, K, V and O.
+pub trait Elem: Copy {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+
+/// IEEE half, as raw bits.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct F16(pub u16);
+
+/// bfloat16, as raw bits.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct BF16(pub u16);
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl Elem for F16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        let r: u32;
+        unsafe {
+            asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) self.0, options(pure, nomem, nostack))
+        };
+        f32::from_bits(r)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        let h: u16;
+        unsafe {
+            asm!("cvt.rn.f16.f32 {h}, {v};", h = out(reg16) h, v = in(reg32) v.to_bits(), options(pure, nomem, nostack))
+        };
+        F16(h)
+    }
+}
+
+impl Elem for BF16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        let h: u16;
+        unsafe {
+            asm!("cvt.rn.bf16.f32 {h}, {v};", h = out(reg16) h, v = in(reg32) v.to_bits(), options(pure, nomem, nostack))
+        };
+        BF16(h)
+    }
+}
+
+/// 16-bit elements the tensor cores multiply: `mma.sync.m16n8k16` with f32 accumulation.
+pub trait MmaElem: Elem {
+    /// Packs two f32 into one register, `lo` in the low half.
+    fn pack2(lo: f32, hi: f32) -> u32;
+    /// `acc += a · b` for one 16×8×16 tile.
+    fn mma(acc: &mut [f32; 4], a: [u32; 4], b0: u32, b1: u32);
+}
+
+macro_rules! mma_elem {
+    ($t:ty, $cvt:literal, $mma:literal) => {
+        impl MmaElem for $t {
+            #[inline(always)]
+            fn pack2(lo: f32, hi: f32) -> u32 {
+                let r: u32;
+                unsafe {
+                    asm!(concat!($cvt, " {r}, {hi}, {lo};"), r = out(reg32) r,
+                         hi = in(reg32) hi.to_bits(), lo = in(reg32) lo.to_bits(), options(pure, nomem, nostack))
+                };
+                r
+            }
+            #[inline(always)]
+            fn mma(acc: &mut [f32; 4], a: [u32; 4], b0: u32, b1: u32) {
+                let (mut c0, mut c1, mut c2, mut c3) =
+                    (acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits());
+                unsafe {
+                    asm!(concat!($mma, " {{{c0}, {c1}, {c2}, {c3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{c0}, {c1}, {c2}, {c3}}};"),
+                         c0 = inout(reg32) c0, c1 = inout(reg32) c1, c2 = inout(reg32) c2, c3 = inout(reg32) c3,
+                         a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                         b0 = in(reg32) b0, b1 = in(reg32) b1, options(nomem, nostack))
+                };
+                *acc = [f32::from_bits(c0), f32::from_bits(c1), f32::from_bits(c2), f32::from_bits(c3)];
+            }
+        }
+    };
+}
+
+mma_elem!(F16, "cvt.rn.f16x2.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32");
+mma_elem!(BF16, "cvt.rn.bf16x2.f32", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32");

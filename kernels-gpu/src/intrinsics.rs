@@ -1,0 +1,192 @@
+//! Thin wrappers over PTX instructions that `core::arch::nvptx` lacks.
+//!
+//! Shared-memory addresses are 32-bit `.shared` window addresses (what `ldmatrix`,
+//! `cp.async` and `ld/st.shared` take); generic pointers come from [`smem_ptr`].
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+core::arch::global_asm!(".extern .shared .align 128 .b8 DYN_SMEM[];");
+
+#[inline(always)]
+pub fn thread_idx() -> u32 {
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_idx() -> (u32, u32, u32) {
+    unsafe { (nvptx::_block_idx_x() as u32, nvptx::_block_idx_y() as u32, nvptx::_block_idx_z() as u32) }
+}
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `.shared` address of the dynamic shared memory.
+#[inline(always)]
+pub fn smem_base() -> u32 {
+    let a: u32;
+    unsafe { asm!("mov.u32 {a}, DYN_SMEM;", a = out(reg32) a, options(pure, nomem, nostack)) };
+    a
+}
+
+/// Generic pointer to the dynamic shared memory.
+#[inline(always)]
+pub fn smem_ptr() -> *mut u8 {
+    let p: u64;
+    unsafe { asm!("cvta.shared.u64 {p}, DYN_SMEM;", p = out(reg64) p, options(pure, nomem, nostack)) };
+    p as *mut u8
+}
+
+#[inline(always)]
+pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
+    let r: u32;
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, v = in(reg32) v.to_bits(), m = in(reg32) lane_mask,
+             options(nomem, nostack, preserves_flags))
+    };
+    f32::from_bits(r)
+}
+
+/// Sum over all 32 lanes.
+#[inline(always)]
+pub fn warp_sum(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        v += shfl_xor(v, m);
+        m >>= 1;
+    }
+    v
+}
+
+/// 2^x (approximate, flushes denormals; `-inf` gives 0).
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let r: u32;
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x.to_bits(),
+             options(pure, nomem, nostack))
+    };
+    f32::from_bits(r)
+}
+
+/// log2(x) (approximate).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    let r: u32;
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x.to_bits(),
+             options(pure, nomem, nostack))
+    };
+    f32::from_bits(r)
+}
+
+#[inline(always)]
+pub fn fmax(a: f32, b: f32) -> f32 {
+    let r: u32;
+    unsafe {
+        asm!("max.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a.to_bits(), b = in(reg32) b.to_bits(),
+             options(pure, nomem, nostack))
+    };
+    f32::from_bits(r)
+}
+
+/// 16-byte global → shared copy, bypassing L1; bytes past `src_bytes` (0 or 16) are zero-filled.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, options(nostack))
+    };
+}
+#[inline(always)]
+pub fn cp_async_commit() {
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+/// Waits until at most `N` committed groups are still in flight.
+#[inline(always)]
+pub fn cp_async_wait<const N: u32>() {
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) };
+}
+
+/// [`cp_async_wait`] with a count known only after inlining (folds to one instruction).
+#[inline(always)]
+pub fn cp_async_wait_dyn(n: u32) {
+    match n {
+        0 => cp_async_wait::<0>(),
+        1 => cp_async_wait::<1>(),
+        2 => cp_async_wait::<2>(),
+        3 => cp_async_wait::<3>(),
+        _ => cp_async_wait::<4>(),
+    }
+}
+
+/// Four 8×8 b16 matrices from shared memory (one row address per lane).
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) addr,
+             options(nostack))
+    };
+    [a, b, c, d]
+}
+/// As [`ldmatrix_x4`], transposed.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) addr,
+             options(nostack))
+    };
+    [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    unsafe {
+        asm!("st.shared.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+             options(nostack))
+    };
+}
+
+/// 16-byte read-only global load.
+#[inline(always)]
+pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.global.nc.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg64) p,
+             options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
+/// Read-only global load of an i32.
+#[inline(always)]
+pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
+    let v: u32;
+    unsafe {
+        asm!("ld.global.nc.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack, readonly))
+    };
+    v as i32
+}
+
+/// `atom.global.min.u64`.
+#[inline(always)]
+pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
+    unsafe {
+        asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
+    };
+}

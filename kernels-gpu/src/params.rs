@@ -1,0 +1,109 @@
+//! Kernel parameter blocks, shared verbatim by the device crate and the host crate
+//! (the host includes this file), so both sides agree on the layout by construction.
+//! Pointers are device addresses; all tensors are contiguous row-major.
+
+/// Parameters of the decode kernels and of the split-KV merge.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeParams {
+    /// `[batch, num_qo_heads, head_dim]`, element type T.
+    pub q: u64,
+    /// `[pages, num_kv_heads, page_size, head_dim]` (HND), T.
+    pub k_data: u64,
+    pub v_data: u64,
+    /// Page ids, `[num_indices]` i32.
+    pub indices: u64,
+    /// `[batch + 1]` i32: request `b` owns `indices[indptr[b]..indptr[b+1]]`.
+    pub indptr: u64,
+    /// `[batch]` i32: tokens used in the request's last page.
+    pub last_page_len: u64,
+    /// `[batch, num_qo_heads, head_dim]`, T.
+    pub o: u64,
+    /// `[batch, num_qo_heads]` f32, base-2 log-sum-exp of the scaled logits.
+    pub lse: u64,
+    /// Split-KV partial outputs `[num_splits, batch, num_qo_heads, head_dim]` f32 (workspace).
+    pub partial_o: u64,
+    /// Split-KV partial log-sum-exps `[num_splits, batch, num_qo_heads]` f32 (workspace).
+    pub partial_lse: u64,
+    pub batch: u32,
+    pub num_qo_heads: u32,
+    pub num_kv_heads: u32,
+    pub page_size: u32,
+    pub num_total_pages: u32,
+    pub num_indices: u32,
+    /// Chunks each request's tokens are split into (1: no split, no merge pass).
+    pub num_splits: u32,
+    /// Smallest chunk, in tokens, a split may take.
+    pub min_chunk: u32,
+    /// `sm_scale * log2(e)`: logits are kept in the base-2 domain.
+    pub scale_log2: f32,
+    pub _pad: u32,
+}
+
+/// Parameters of the append kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AppendParams {
+    /// `[batch, num_kv_heads, head_dim]`, T.
+    pub key: u64,
+    pub value: u64,
+    pub k_data: u64,
+    pub v_data: u64,
+    pub indices: u64,
+    pub indptr: u64,
+    pub last_page_len: u64,
+    pub batch: u32,
+    pub num_kv_heads: u32,
+    pub page_size: u32,
+    pub head_dim: u32,
+    pub num_total_pages: u32,
+    pub num_indices: u32,
+}
+
+/// Parameters of the device-side page-table check.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PageTableCheckParams {
+    pub indices: u64,
+    pub indptr: u64,
+    pub last_page_len: u64,
+    /// One u64: `min((request << 8) | code)` over all violations; `u64::MAX` if none.
+    pub status: u64,
+    pub batch: u32,
+    pub page_size: u32,
+    pub num_total_pages: u32,
+    pub num_indices: u32,
+}
+
+/// Violation codes written by the page-table check.
+pub mod check_code {
+    /// `indptr[b]` or `indptr[b+1]` lies outside `[0, num_indices]`.
+    pub const INDPTR_OUT_OF_RANGE: u32 = 1;
+    /// `indptr[b+1] < indptr[b]`.
+    pub const INDPTR_DECREASING: u32 = 2;
+    /// `last_page_len[b]` lies outside `[0, page_size]`.
+    pub const LAST_PAGE_LEN_OUT_OF_RANGE: u32 = 3;
+    /// A page id of the request lies outside `[0, num_total_pages)`.
+    pub const PAGE_OUT_OF_RANGE: u32 = 4;
+}
+
+/// Tokens per pipeline stage of the tensor-core decode kernel.
+pub const DECODE_TILE_TOKENS: u32 = 64;
+/// Threads per CTA of the decode kernels.
+pub const DECODE_THREADS: u32 = 128;
+/// Query heads one tensor-core CTA covers (four 16-row MMA tiles).
+pub const DECODE_HEADS_PER_CTA: u32 = 64;
+/// Pipeline depth of the tensor-core kernel for a head_dim.
+pub const fn decode_stages(head_dim: u32) -> u32 {
+    match head_dim {
+        64 => 4,
+        128 => 3,
+        _ => 2,
+    }
+}
+/// Dynamic shared memory of the tensor-core kernel for `mma_tiles` 16-row query tiles.
+pub const fn decode_smem_bytes(head_dim: u32, mma_tiles: u32) -> u32 {
+    let q = mma_tiles * 16 * head_dim * 2;
+    let kv = decode_stages(head_dim) * 2 * DECODE_TILE_TOKENS * head_dim * 2;
+    q + kv
+}

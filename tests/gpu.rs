@@ -1,0 +1,354 @@
+//! GPU tests: every kernel against the float64 CPU reference. On a machine without a CUDA
+//! driver each test prints a skip line and passes.
+
+use std::io::Write;
+use std::sync::mpsc;
+
+use half::{bf16, f16};
+use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
+use paged_decode::reference::{DecodeOutput, PageTable};
+use paged_decode::{
+    BatchPagedDecodePlan, Device, Element, ElementKind, Error, PagedKvAppendDescriptor, PagedKvAppendPlan,
+    PlanPreference, Workspace,
+};
+
+fn device(test: &str) -> Option<Device> {
+    match Device::open(0) {
+        Ok(d) => Some(d),
+        Err(Error::NoDevice) => {
+            // Written to the process's stderr directly so the test harness does not capture it.
+            let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: no CUDA driver on this machine");
+            None
+        }
+        Err(e) => panic!("{test}: opening the GPU failed: {e}"),
+    }
+}
+
+/// Runs the plan with NaN-poisoned outputs and returns (o, lse).
+fn run_decode<T: Element>(
+    dev: &Device,
+    plan: &BatchPagedDecodePlan<T>,
+    buf: &mut DeviceProblem<T>,
+) -> (Vec<T>, Vec<f32>) {
+    let s = &dev.stream;
+    let nan_o = vec![T::from_f64(f64::NAN); buf.o.len()];
+    s.memcpy_htod(&nan_o, &mut buf.o).unwrap();
+    s.memcpy_htod(&vec![f32::NAN; buf.lse.len()], &mut buf.lse).unwrap();
+    let (mut args, mut ws) = buf.args_and_workspace();
+    plan.run(s, &mut ws, &mut args).unwrap();
+    (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap())
+}
+
+/// Compares every request of (o, lse) with the reference; returns the worst relative error.
+fn check<T: Element>(what: &str, spec: &ProblemSpec, o: &[T], lse: &[f32], r: &DecodeOutput) -> f64 {
+    let (tol, lse_tol) = tolerances(T::KIND);
+    let row = spec.num_qo_heads * spec.head_dim;
+    let mut worst: f64 = 0.0;
+    for b in 0..spec.batch() {
+        let err = rel_l2(o[b * row..(b + 1) * row].iter().map(|x| x.to_f64()), &r.o[b * row..(b + 1) * row]);
+        assert!(err <= tol, "{what}: request {b} (len {}) rel err {err:.3e} > {tol:.0e}", spec.lens[b]);
+        worst = worst.max(err);
+        for h in 0..spec.num_qo_heads {
+            let (got, want) = (lse[b * spec.num_qo_heads + h] as f64, r.lse[b * spec.num_qo_heads + h]);
+            let ok = if want == f64::NEG_INFINITY { got == f64::NEG_INFINITY } else { (got - want).abs() <= lse_tol };
+            assert!(ok, "{what}: request {b} head {h}: lse {got} vs reference {want}");
+        }
+    }
+    worst
+}
+
+fn random_spec(rng: &mut Rng, seed: u64) -> (ElementKind, ProblemSpec) {
+    let kind = [ElementKind::F16, ElementKind::BF16, ElementKind::F32][rng.below(3) as usize];
+    let d = [64, 128, 256][rng.below(3) as usize];
+    let group = match rng.below(4) {
+        0 => 1 + rng.below(8) as usize,
+        1 => [4, 8, 16, 32, 64][rng.below(5) as usize],
+        2 => 1 + rng.below(64) as usize,
+        _ => [1, 2, 3, 5, 6, 7, 12, 17, 33, 48][rng.below(10) as usize],
+    };
+    let hkv = 1 + rng.below(3) as usize;
+    let page = match rng.below(3) {
+        0 => [1, 8, 16, 32, 64, 256][rng.below(6) as usize],
+        1 => 1 + rng.below(256) as usize,
+        _ => 16,
+    };
+    let batch = 1 + rng.below(6) as usize;
+    let max_len = (6000 / (group * hkv).max(1)).clamp(40, 700);
+    let lens = (0..batch)
+        .map(|_| match rng.below(8) {
+            0 => 0,
+            1 => 1,
+            2 => page * (1 + rng.below(3) as usize), // last page full
+            _ => rng.below(max_len as u64) as usize,
+        })
+        .collect();
+    let spec = ProblemSpec {
+        lens,
+        num_qo_heads: group * hkv,
+        num_kv_heads: hkv,
+        head_dim: d,
+        page_size: page,
+        sm_scale: (0.02 + rng.below(1000) as f32 / 4000.0) * if rng.below(8) == 0 { -1.0 } else { 1.0 },
+        q_scale: [1.0, 2.0, 4.0][rng.below(3) as usize],
+        spare_pages: rng.below(5) as usize,
+        seed,
+    };
+    (kind, spec)
+}
+
+enum Prepared {
+    F16(HostProblem<f16>, DecodeOutput),
+    BF16(HostProblem<bf16>, DecodeOutput),
+    F32(HostProblem<f32>, DecodeOutput),
+}
+
+fn prepare(kind: ElementKind, spec: &ProblemSpec) -> Prepared {
+    fn with<T: Element>(spec: &ProblemSpec) -> (HostProblem<T>, DecodeOutput) {
+        let host = HostProblem::<T>::random(spec);
+        let r = host.reference().unwrap();
+        (host, r)
+    }
+    match kind {
+        ElementKind::F16 => {
+            let (h, r) = with::<f16>(spec);
+            Prepared::F16(h, r)
+        }
+        ElementKind::BF16 => {
+            let (h, r) = with::<bf16>(spec);
+            Prepared::BF16(h, r)
+        }
+        _ => {
+            let (h, r) = with::<f32>(spec);
+            Prepared::F32(h, r)
+        }
+    }
+}
+
+fn run_and_check<T: Element>(dev: &Device, what: &str, host: &HostProblem<T>, r: &DecodeOutput) -> (f64, u32) {
+    let plan = BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, PlanPreference::default())
+        .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
+    let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
+    let (o, lse) = run_decode(dev, &plan, &mut buf);
+    (check(what, &host.spec, &o, &lse, r), plan.config().num_splits)
+}
+
+/// ≥ 1000 random configurations over dtypes, head_dims, group sizes 1..64, page sizes 1..256,
+/// ragged lengths with empty, 1-token and full-last-page requests, permuted pages, any sm_scale.
+#[test]
+fn decode_random_sweep() {
+    let Some(dev) = device("decode_random_sweep") else { return };
+    let base_seed: u64 = std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC0FFEE);
+    let configs: usize = std::env::var("PAGED_DECODE_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
+    let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
+    let mut worst = [0f64; 3];
+    let mut split_runs = 0;
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let tx = tx.clone();
+            scope.spawn(move || {
+                for i in (w..configs).step_by(workers) {
+                    let seed = base_seed.wrapping_add(i as u64);
+                    let (kind, spec) = random_spec(&mut Rng::new(seed), seed);
+                    let prepared = prepare(kind, &spec);
+                    if tx.send((i, kind, spec, prepared)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (i, kind, spec, prepared) in rx {
+            let what = format!(
+                "config {i} (seed {}): {kind:?} lens {:?} Hq {} Hkv {} D {} page {} scale {}",
+                spec.seed, spec.lens, spec.num_qo_heads, spec.num_kv_heads, spec.head_dim, spec.page_size, spec.sm_scale
+            );
+            let (err, splits) = match &prepared {
+                Prepared::F16(h, r) => run_and_check(&dev, &what, h, r),
+                Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r),
+                Prepared::F32(h, r) => run_and_check(&dev, &what, h, r),
+            };
+            let k = match kind {
+                ElementKind::F16 => 0,
+                ElementKind::BF16 => 1,
+                _ => 2,
+            };
+            worst[k] = worst[k].max(err);
+            split_runs += (splits > 1) as usize;
+        }
+    });
+    println!(
+        "decode_random_sweep: {configs} configurations passed ({split_runs} split-KV); worst rel err f16 {:.2e}, bf16 {:.2e}, f32 {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
+    assert!(split_runs > 0);
+}
+
+/// Explicit edge cases: empty batch members, single tokens, full last pages, page sizes 1 and
+/// 256, groups 1 and 64, large batches, long contexts.
+#[test]
+fn decode_edge_cases() {
+    let Some(dev) = device("decode_edge_cases") else { return };
+    let mut cases = vec![
+        ("all empty", ProblemSpec { lens: vec![0, 0, 0], ..ProblemSpec::uniform(3, 0, 8, 2, 128, 16) }),
+        ("single tokens", ProblemSpec { lens: vec![1, 1], ..ProblemSpec::uniform(2, 0, 32, 8, 128, 16) }),
+        ("full last pages", ProblemSpec { lens: vec![16, 32, 256], ..ProblemSpec::uniform(3, 0, 32, 8, 128, 16) }),
+        ("page size 1", ProblemSpec::uniform(3, 300, 32, 8, 128, 1)),
+        ("page size 256", ProblemSpec { lens: vec![255, 256, 257, 3], ..ProblemSpec::uniform(4, 0, 16, 4, 64, 256) }),
+        ("group 1", ProblemSpec::uniform(4, 500, 8, 8, 256, 16)),
+        ("group 64", ProblemSpec::uniform(2, 300, 128, 2, 128, 16)),
+        ("group 65", ProblemSpec::uniform(2, 200, 65, 1, 64, 8)),
+        ("long context", ProblemSpec::uniform(1, 20000, 32, 8, 128, 16)),
+        ("batch 16384", ProblemSpec { lens: (0..16384).map(|i| i % 37).collect(), ..ProblemSpec::uniform(1, 0, 8, 1, 64, 16) }),
+    ];
+    for (i, (_, s)) in cases.iter_mut().enumerate() {
+        s.seed = 1000 + i as u64;
+    }
+    for (name, spec) in &cases {
+        for kind in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
+            let what = format!("{name} {kind:?}");
+            let (err, splits) = match prepare(kind, spec) {
+                Prepared::F16(h, r) => run_and_check(&dev, &what, &h, &r),
+                Prepared::BF16(h, r) => run_and_check(&dev, &what, &h, &r),
+                Prepared::F32(h, r) => run_and_check(&dev, &what, &h, &r),
+            };
+            println!("{what}: rel err {err:.2e}, {splits} splits");
+        }
+    }
+}
+
+/// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit.
+#[test]
+fn decode_deterministic_and_graph_replay() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(dev) = device("decode_deterministic_and_graph_replay") else { return };
+    for spec in [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(64, 700, 32, 8, 128, 16)] {
+        let host = HostProblem::<f16>::random(&spec);
+        let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+        let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
+        let (o1, l1) = run_decode(&dev, &plan, &mut buf);
+        let (o2, l2) = run_decode(&dev, &plan, &mut buf);
+        assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(l1.iter().zip(&l2).all(|(a, b)| a.to_bits() == b.to_bits()));
+
+        dev.stream.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
+        dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        for _ in 0..4 {
+            let (mut args, mut ws) = buf.args_and_workspace();
+            plan.run(&dev.stream, &mut ws, &mut args).unwrap();
+        }
+        let graph = dev.stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
+        for i in 0..1000 {
+            graph.launch().unwrap();
+            if i % 250 == 249 {
+                let o = dev.stream.clone_dtoh(&buf.o).unwrap();
+                let l = dev.stream.clone_dtoh(&buf.lse).unwrap();
+                assert!(o.iter().zip(&o1).all(|(a, b)| a.to_bits() == b.to_bits()), "graph replay {i} differs");
+                assert!(l.iter().zip(&l1).all(|(a, b)| a.to_bits() == b.to_bits()), "graph replay {i} lse differs");
+            }
+        }
+        println!("{} splits: eager ×2 and 1000 graph replays bit-identical", plan.config().num_splits);
+    }
+}
+
+fn checksum<T: Element>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_f64().to_bits()).collect()
+}
+
+/// Append writes exactly the new slot of every (request, KV head), matching the reference.
+#[test]
+fn append_matches_reference_and_touches_nothing_else() {
+    let Some(dev) = device("append_matches_reference_and_touches_nothing_else") else { return };
+    fn one<T: Element>(dev: &Device, page: usize, d: usize, seed: u64) {
+        // Lengths after the caller advanced the table for the new token (≥ 1).
+        let mut rng = Rng::new(seed);
+        let lens: Vec<usize> = (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
+        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
+        let host = HostProblem::<T>::random(&spec);
+        let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
+        let row = 7 * 4 * d;
+        let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
+        let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
+        let (mut k_ref, mut v_ref) = (host.k_data.clone(), host.v_data.clone());
+        paged_decode::reference::append(&desc, &key, &value, &mut k_ref, &mut v_ref, host.page_table()).unwrap();
+        let changed = k_ref.iter().zip(&host.k_data).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
+        assert!(changed > 0);
+
+        let plan = PagedKvAppendPlan::<T>::select(&dev.stream, &desc, PlanPreference::default()).unwrap();
+        let mut buf = DeviceProblem::upload(&dev.stream, &host, 0).unwrap();
+        let key_d = dev.stream.clone_htod(&key).unwrap();
+        let value_d = dev.stream.clone_htod(&value).unwrap();
+        {
+            let mut args = buf.append_args(&key_d, &value_d);
+            plan.run(&dev.stream, &mut Workspace::None, &mut args).unwrap();
+        }
+        let k = dev.stream.clone_dtoh(&buf.k_data).unwrap();
+        let v = dev.stream.clone_dtoh(&buf.v_data).unwrap();
+        assert_eq!(checksum(&k), checksum(&k_ref), "K store differs from the reference append (page {page}, d {d})");
+        assert_eq!(checksum(&v), checksum(&v_ref), "V store differs from the reference append (page {page}, d {d})");
+    }
+    for (i, (page, d)) in [(1, 64), (16, 128), (7, 256), (256, 128)].into_iter().enumerate() {
+        one::<f16>(&dev, page, d, 10 + i as u64);
+        one::<bf16>(&dev, page, d, 20 + i as u64);
+        one::<f32>(&dev, page, d, 30 + i as u64);
+    }
+    println!("append: f16/bf16/f32 × 4 geometries match the reference byte for byte");
+}
+
+/// The checked option reports corrupt page tables as typed errors; the fast path stays in bounds.
+#[test]
+fn checked_mode_reports_bad_page_tables() {
+    let Some(dev) = device("checked_mode_reports_bad_page_tables") else { return };
+    let spec = ProblemSpec::uniform(4, 100, 8, 2, 128, 16);
+    let good = HostProblem::<f16>::random(&spec);
+    let pages = good.desc.paged_kv.num_total_pages;
+    let checked = PlanPreference { checked: true, ..PlanPreference::default() };
+    let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &good.desc, checked).unwrap();
+    let fast = BatchPagedDecodePlan::<f16>::select(&dev.stream, &good.desc, PlanPreference::default()).unwrap();
+    let mut corruptions: Vec<(&str, HostProblem<f16>)> = Vec::new();
+    let mut h = good.clone();
+    h.indices[5] = pages + 7;
+    corruptions.push(("page id out of range", h));
+    let mut h = good.clone();
+    h.indices[0] = -1;
+    corruptions.push(("negative page id", h));
+    let mut h = good.clone();
+    h.indptr[2] = h.indptr[1] - 1;
+    corruptions.push(("decreasing indptr", h));
+    let mut h = good.clone();
+    h.indptr[4] = h.indices.len() as i32 + 50;
+    corruptions.push(("indptr past indices", h));
+    let mut h = good.clone();
+    h.last_page_len[3] = 17;
+    corruptions.push(("last_page_len > page_size", h));
+    for (name, bad) in &corruptions {
+        let mut buf = DeviceProblem::upload(&dev.stream, bad, plan.workspace_size()).unwrap();
+        let (mut args, mut ws) = buf.args_and_workspace();
+        match plan.run(&dev.stream, &mut ws, &mut args) {
+            Err(Error::InvalidPageTable(msg)) => println!("{name}: {msg}"),
+            other => panic!("{name}: expected InvalidPageTable, got {other:?}"),
+        }
+        // Unchecked: runs without faulting (output unspecified).
+        fast.run(&dev.stream, &mut ws, &mut args).unwrap();
+        dev.stream.synchronize().unwrap();
+    }
+    let mut buf = DeviceProblem::upload(&dev.stream, &good, plan.workspace_size()).unwrap();
+    let (mut args, mut ws) = buf.args_and_workspace();
+    plan.run(&dev.stream, &mut ws, &mut args).unwrap();
+}
+
+/// `run` refuses a missing or short workspace.
+#[test]
+fn workspace_too_small_is_reported() {
+    let Some(dev) = device("workspace_too_small_is_reported") else { return };
+    let host = HostProblem::<f16>::random(&ProblemSpec::uniform(1, 4000, 32, 8, 128, 16));
+    let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+    assert!(plan.workspace_size() > 0, "a single long request should be split");
+    let mut buf = DeviceProblem::upload(&dev.stream, &host, 0).unwrap();
+    let mut args = buf.args();
+    match plan.run(&dev.stream, &mut Workspace::None, &mut args) {
+        Err(Error::WorkspaceTooSmall { needed, got: 0 }) => assert_eq!(needed, plan.workspace_size()),
+        other => panic!("expected WorkspaceTooSmall, got {other:?}"),
+    }
+    let _ = PageTable { indptr: &[], indices: &[], last_page_len: &[] };
+}
