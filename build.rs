@@ -36,18 +36,10 @@ fn build_kernels() -> String {
     }
     // `<target>/<profile>/build/<pkg>/out` → `<target>/ptx-build`, shared by all profiles.
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let target_dir = out_dir
-        .ancestors()
-        .nth(4)
-        .map(|t| t.join("ptx-build"))
-        .unwrap_or_else(|| out_dir.join("ptx-build"));
+    let target_dir =
+        out_dir.ancestors().nth(4).map(|t| t.join("ptx-build")).unwrap_or_else(|| out_dir.join("ptx-build"));
     let toolchain = Toolchain::ensure(TOOLCHAIN).unwrap_or_else(|e| fail(&e.to_string()));
-    let build = PtxBuild {
-        crate_dir: root.join("kernels-gpu"),
-        target_dir,
-        arch,
-        ptx_isa: "ptx78".into(),
-    };
+    let build = PtxBuild { crate_dir: root.join("kernels-gpu"), target_dir, arch, ptx_isa: "ptx78".into() };
     build.build(&toolchain).unwrap_or_else(|e| fail(&e.to_string()))
 }
 

@@ -141,7 +141,12 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Benchmarks one shape with element type `T`.
-pub fn bench_shape<T: Element>(device: &Device, shape: &Shape, ceiling: f64, check: bool) -> Result<BenchRow> {
+pub fn bench_shape<T: Element>(
+    device: &Device,
+    shape: &Shape,
+    ceiling: f64,
+    check: bool,
+) -> Result<BenchRow> {
     let spec = shape.spec();
     let host = HostProblem::<T>::random(&spec);
     let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, PlanPreference::default())?;
@@ -223,7 +228,11 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
 }
 
 /// SVG bar chart of TB/s per shape, with the measured ceiling as a line.
-pub fn plot(path: &std::path::Path, rows: &[BenchRow], ceiling: f64) -> std::result::Result<(), Box<dyn std::error::Error>> {
+pub fn plot(
+    path: &std::path::Path,
+    rows: &[BenchRow],
+    ceiling: f64,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -242,9 +251,11 @@ pub fn plot(path: &std::path::Path, rows: &[BenchRow], ceiling: f64) -> std::res
         .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
         .y_desc("TB/s")
         .draw()?;
-    chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
-        Rectangle::new([(i, 0.0), (i + 1, r.tb_s)], BLUE.mix(0.6).filled())
-    }))?;
+    chart.draw_series(
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| Rectangle::new([(i, 0.0), (i + 1, r.tb_s)], BLUE.mix(0.6).filled())),
+    )?;
     chart
         .draw_series(LineSeries::new([(0, ceiling), (rows.len(), ceiling)], RED.stroke_width(2)))?
         .label(format!("read ceiling {ceiling:.2} TB/s"))

@@ -130,8 +130,9 @@ impl DecodeConfig {
         let (kernel, head_blocks, q_tiles, smem_bytes, ctas_per_sm) = match kv.element {
             ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, 16),
             _ => {
-                let head_blocks = group.div_ceil(params::DECODE_HEADS_PER_CTA);
-                let q_tiles = group.min(params::DECODE_HEADS_PER_CTA).div_ceil(16);
+                let per_cta = params::decode_heads_per_cta(d);
+                let head_blocks = group.div_ceil(per_cta);
+                let q_tiles = group.min(per_cta).div_ceil(16);
                 let smem = params::decode_smem_bytes(d, q_tiles);
                 if smem > props.smem_per_block_optin {
                     return Err(Error::Unsupported(format!(
@@ -173,7 +174,10 @@ impl DecodeConfig {
             q_tiles,
             smem_bytes,
             num_splits,
-            min_chunk: params::DECODE_TILE_TOKENS,
+            min_chunk: match kernel {
+                DecodeKernel::Mma => params::decode_tile_tokens(d),
+                DecodeKernel::Simt => 64,
+            },
         })
     }
 
@@ -234,10 +238,11 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             return Err(invalid(format!("sm_scale must be finite, got {}", desc.sm_scale)));
         }
         let group = desc.num_qo_heads / kv.num_kv_heads;
-        let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(params::DECODE_HEADS_PER_CTA as u64);
+        let per_cta = params::decode_heads_per_cta(kv.head_dim as u32) as u64;
+        let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(per_cta);
         if y > 65535 {
             return Err(Error::Unsupported(format!(
-                "num_kv_heads × ceil(group / 64) = {y} exceeds the grid limit 65535"
+                "num_kv_heads × ceil(group / {per_cta}) = {y} exceeds the grid limit 65535"
             )));
         }
         let rows = desc.batch_size as i64 * desc.num_qo_heads as i64;
@@ -267,7 +272,11 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     }
 
     /// Chooses a kernel and launch configuration for `desc` on `stream`'s device.
-    pub fn select(stream: &Arc<CudaStream>, desc: &BatchPagedDecodeDescriptor, pref: PlanPreference) -> Result<Self> {
+    pub fn select(
+        stream: &Arc<CudaStream>,
+        desc: &BatchPagedDecodeDescriptor,
+        pref: PlanPreference,
+    ) -> Result<Self> {
         Self::check_descriptor(desc)?;
         if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
             return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
@@ -417,8 +426,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             num_indices: args.indices.shape[0] as u32,
             num_splits: self.config.num_splits,
             min_chunk: self.config.min_chunk,
+            page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
-            _pad: 0,
         };
         let cfg = LaunchConfig {
             grid_dim: (
@@ -448,7 +457,11 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     /// Validates the device page table of `args` on the GPU without reading out of bounds,
     /// then synchronizes `stream` and reports the first violation (lowest request) as
     /// [`Error::InvalidPageTable`].
-    pub fn check_page_table(&self, stream: &Arc<CudaStream>, args: &BatchPagedDecodeArgs<'_, T>) -> Result<()> {
+    pub fn check_page_table(
+        &self,
+        stream: &Arc<CudaStream>,
+        args: &BatchPagedDecodeArgs<'_, T>,
+    ) -> Result<()> {
         self.can_implement(args)?;
         let kv = &self.desc.paged_kv;
         check_page_table_on_device(
@@ -641,7 +654,11 @@ impl<T: Element> PagedKvAppendPlan<T> {
         Ok(())
     }
 
-    pub fn select(stream: &Arc<CudaStream>, desc: &PagedKvAppendDescriptor, pref: PlanPreference) -> Result<Self> {
+    pub fn select(
+        stream: &Arc<CudaStream>,
+        desc: &PagedKvAppendDescriptor,
+        pref: PlanPreference,
+    ) -> Result<Self> {
         Self::check_descriptor(desc)?;
         if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
             return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
@@ -768,7 +785,8 @@ fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {
     if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
         return Err(Error::Unsupported(format!("element type {:?}", kv.element)));
     }
-    let store = kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128 * kv.head_dim as u128;
+    let store =
+        kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128 * kv.head_dim as u128;
     if store * kv.element.size_bytes() as u128 > isize::MAX as u128 {
         return Err(invalid("the paged K/V store's size overflows the address space"));
     }
@@ -782,7 +800,12 @@ fn positive(name: &str, v: i32) -> Result<()> {
     Ok(())
 }
 
-fn expect_layout<const N: usize>(name: &str, t: &TensorLayout<N>, shape: [i32; N], meaning: &str) -> Result<()> {
+fn expect_layout<const N: usize>(
+    name: &str,
+    t: &TensorLayout<N>,
+    shape: [i32; N],
+    meaning: &str,
+) -> Result<()> {
     if t.shape != shape {
         return Err(invalid(format!("{name}: shape {:?} must be {meaning} = {shape:?}", t.shape)));
     }

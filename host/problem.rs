@@ -114,8 +114,11 @@ impl<T: Element> HostProblem<T> {
             indptr.push(indptr.last().unwrap() + n as i32);
         }
         let indices = perm[..used].to_vec();
-        let last_page_len =
-            spec.lens.iter().map(|&l| if l == 0 { 0 } else { (l - (l.div_ceil(ps) - 1) * ps) as i32 }).collect();
+        let last_page_len = spec
+            .lens
+            .iter()
+            .map(|&l| if l == 0 { 0 } else { (l - (l.div_ceil(ps) - 1) * ps) as i32 })
+            .collect();
         let desc = BatchPagedDecodeDescriptor {
             batch_size: spec.batch() as i32,
             num_qo_heads: spec.num_qo_heads as i32,

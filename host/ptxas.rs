@@ -35,7 +35,10 @@ pub fn find() -> Option<PathBuf> {
         return Some(p);
     }
     let out = Command::new("python3")
-        .args(["-c", "import site, sys; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))"])
+        .args([
+            "-c",
+            "import site, sys; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))",
+        ])
         .output()
         .ok()?;
     String::from_utf8_lossy(&out.stdout)
@@ -67,11 +70,7 @@ fn parse(text: &str, arch: &str) -> Vec<KernelReport> {
     let mut reports: Vec<KernelReport> = Vec::new();
     let number_before = |line: &str, unit: &str| -> u32 {
         let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
-        words
-            .windows(2)
-            .find(|w| w[1].starts_with(unit))
-            .and_then(|w| w[0].parse().ok())
-            .unwrap_or(0)
+        words.windows(2).find(|w| w[1].starts_with(unit)).and_then(|w| w[0].parse().ok()).unwrap_or(0)
     };
     for line in text.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {

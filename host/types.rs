@@ -25,7 +25,14 @@ impl ElementKind {
 
 /// A floating-point element type the decode kernels accept.
 pub trait Element:
-    cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+    cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + Copy
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + 'static
 {
     /// The matching [`ElementKind`].
     const KIND: ElementKind;

@@ -50,7 +50,11 @@ fn check<T: Element>(what: &str, spec: &ProblemSpec, o: &[T], lse: &[f32], r: &D
         worst = worst.max(err);
         for h in 0..spec.num_qo_heads {
             let (got, want) = (lse[b * spec.num_qo_heads + h] as f64, r.lse[b * spec.num_qo_heads + h]);
-            let ok = if want == f64::NEG_INFINITY { got == f64::NEG_INFINITY } else { (got - want).abs() <= lse_tol };
+            let ok = if want == f64::NEG_INFINITY {
+                got == f64::NEG_INFINITY
+            } else {
+                (got - want).abs() <= lse_tol
+            };
             assert!(ok, "{what}: request {b} head {h}: lse {got} vs reference {want}");
         }
     }
@@ -124,7 +128,12 @@ fn prepare(kind: ElementKind, spec: &ProblemSpec) -> Prepared {
     }
 }
 
-fn run_and_check<T: Element>(dev: &Device, what: &str, host: &HostProblem<T>, r: &DecodeOutput) -> (f64, u32) {
+fn run_and_check<T: Element>(
+    dev: &Device,
+    what: &str,
+    host: &HostProblem<T>,
+    r: &DecodeOutput,
+) -> (f64, u32) {
     let plan = BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, PlanPreference::default())
         .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
     let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
@@ -137,8 +146,10 @@ fn run_and_check<T: Element>(dev: &Device, what: &str, host: &HostProblem<T>, r:
 #[test]
 fn decode_random_sweep() {
     let Some(dev) = device("decode_random_sweep") else { return };
-    let base_seed: u64 = std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC0FFEE);
-    let configs: usize = std::env::var("PAGED_DECODE_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
+    let base_seed: u64 =
+        std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC0FFEE);
+    let configs: usize =
+        std::env::var("PAGED_DECODE_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
     let mut worst = [0f64; 3];
@@ -161,7 +172,13 @@ fn decode_random_sweep() {
         for (i, kind, spec, prepared) in rx {
             let what = format!(
                 "config {i} (seed {}): {kind:?} lens {:?} Hq {} Hkv {} D {} page {} scale {}",
-                spec.seed, spec.lens, spec.num_qo_heads, spec.num_kv_heads, spec.head_dim, spec.page_size, spec.sm_scale
+                spec.seed,
+                spec.lens,
+                spec.num_qo_heads,
+                spec.num_kv_heads,
+                spec.head_dim,
+                spec.page_size,
+                spec.sm_scale
             );
             let (err, splits) = match &prepared {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, h, r),
@@ -192,14 +209,26 @@ fn decode_edge_cases() {
     let mut cases = vec![
         ("all empty", ProblemSpec { lens: vec![0, 0, 0], ..ProblemSpec::uniform(3, 0, 8, 2, 128, 16) }),
         ("single tokens", ProblemSpec { lens: vec![1, 1], ..ProblemSpec::uniform(2, 0, 32, 8, 128, 16) }),
-        ("full last pages", ProblemSpec { lens: vec![16, 32, 256], ..ProblemSpec::uniform(3, 0, 32, 8, 128, 16) }),
+        (
+            "full last pages",
+            ProblemSpec { lens: vec![16, 32, 256], ..ProblemSpec::uniform(3, 0, 32, 8, 128, 16) },
+        ),
         ("page size 1", ProblemSpec::uniform(3, 300, 32, 8, 128, 1)),
-        ("page size 256", ProblemSpec { lens: vec![255, 256, 257, 3], ..ProblemSpec::uniform(4, 0, 16, 4, 64, 256) }),
+        (
+            "page size 256",
+            ProblemSpec { lens: vec![255, 256, 257, 3], ..ProblemSpec::uniform(4, 0, 16, 4, 64, 256) },
+        ),
         ("group 1", ProblemSpec::uniform(4, 500, 8, 8, 256, 16)),
         ("group 64", ProblemSpec::uniform(2, 300, 128, 2, 128, 16)),
         ("group 65", ProblemSpec::uniform(2, 200, 65, 1, 64, 8)),
         ("long context", ProblemSpec::uniform(1, 20000, 32, 8, 128, 16)),
-        ("batch 16384", ProblemSpec { lens: (0..16384).map(|i| i % 37).collect(), ..ProblemSpec::uniform(1, 0, 8, 1, 64, 16) }),
+        (
+            "batch 16384",
+            ProblemSpec {
+                lens: (0..16384).map(|i| i % 37).collect(),
+                ..ProblemSpec::uniform(1, 0, 8, 1, 64, 16)
+            },
+        ),
     ];
     for (i, (_, s)) in cases.iter_mut().enumerate() {
         s.seed = 1000 + i as u64;
@@ -222,9 +251,11 @@ fn decode_edge_cases() {
 fn decode_deterministic_and_graph_replay() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let Some(dev) = device("decode_deterministic_and_graph_replay") else { return };
-    for spec in [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(64, 700, 32, 8, 128, 16)] {
+    for spec in [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(64, 700, 32, 8, 128, 16)]
+    {
         let host = HostProblem::<f16>::random(&spec);
-        let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+        let plan =
+            BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
         let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
         let (o1, l1) = run_decode(&dev, &plan, &mut buf);
         let (o2, l2) = run_decode(&dev, &plan, &mut buf);
@@ -243,8 +274,14 @@ fn decode_deterministic_and_graph_replay() {
             if i % 250 == 249 {
                 let o = dev.stream.clone_dtoh(&buf.o).unwrap();
                 let l = dev.stream.clone_dtoh(&buf.lse).unwrap();
-                assert!(o.iter().zip(&o1).all(|(a, b)| a.to_bits() == b.to_bits()), "graph replay {i} differs");
-                assert!(l.iter().zip(&l1).all(|(a, b)| a.to_bits() == b.to_bits()), "graph replay {i} lse differs");
+                assert!(
+                    o.iter().zip(&o1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "graph replay {i} differs"
+                );
+                assert!(
+                    l.iter().zip(&l1).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "graph replay {i} lse differs"
+                );
             }
         }
         println!("{} splits: eager ×2 and 1000 graph replays bit-identical", plan.config().num_splits);
@@ -262,7 +299,8 @@ fn append_matches_reference_and_touches_nothing_else() {
     fn one<T: Element>(dev: &Device, page: usize, d: usize, seed: u64) {
         // Lengths after the caller advanced the table for the new token (≥ 1).
         let mut rng = Rng::new(seed);
-        let lens: Vec<usize> = (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
+        let lens: Vec<usize> =
+            (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
         let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
         let host = HostProblem::<T>::random(&spec);
         let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
@@ -270,7 +308,8 @@ fn append_matches_reference_and_touches_nothing_else() {
         let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let (mut k_ref, mut v_ref) = (host.k_data.clone(), host.v_data.clone());
-        paged_decode::reference::append(&desc, &key, &value, &mut k_ref, &mut v_ref, host.page_table()).unwrap();
+        paged_decode::reference::append(&desc, &key, &value, &mut k_ref, &mut v_ref, host.page_table())
+            .unwrap();
         let changed = k_ref.iter().zip(&host.k_data).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
         assert!(changed > 0);
 
@@ -284,8 +323,16 @@ fn append_matches_reference_and_touches_nothing_else() {
         }
         let k = dev.stream.clone_dtoh(&buf.k_data).unwrap();
         let v = dev.stream.clone_dtoh(&buf.v_data).unwrap();
-        assert_eq!(checksum(&k), checksum(&k_ref), "K store differs from the reference append (page {page}, d {d})");
-        assert_eq!(checksum(&v), checksum(&v_ref), "V store differs from the reference append (page {page}, d {d})");
+        assert_eq!(
+            checksum(&k),
+            checksum(&k_ref),
+            "K store differs from the reference append (page {page}, d {d})"
+        );
+        assert_eq!(
+            checksum(&v),
+            checksum(&v_ref),
+            "V store differs from the reference append (page {page}, d {d})"
+        );
     }
     for (i, (page, d)) in [(1, 64), (16, 128), (7, 256), (256, 128)].into_iter().enumerate() {
         one::<f16>(&dev, page, d, 10 + i as u64);
@@ -304,7 +351,8 @@ fn checked_mode_reports_bad_page_tables() {
     let pages = good.desc.paged_kv.num_total_pages;
     let checked = PlanPreference { checked: true, ..PlanPreference::default() };
     let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &good.desc, checked).unwrap();
-    let fast = BatchPagedDecodePlan::<f16>::select(&dev.stream, &good.desc, PlanPreference::default()).unwrap();
+    let fast =
+        BatchPagedDecodePlan::<f16>::select(&dev.stream, &good.desc, PlanPreference::default()).unwrap();
     let mut corruptions: Vec<(&str, HostProblem<f16>)> = Vec::new();
     let mut h = good.clone();
     h.indices[5] = pages + 7;
@@ -342,7 +390,8 @@ fn checked_mode_reports_bad_page_tables() {
 fn workspace_too_small_is_reported() {
     let Some(dev) = device("workspace_too_small_is_reported") else { return };
     let host = HostProblem::<f16>::random(&ProblemSpec::uniform(1, 4000, 32, 8, 128, 16));
-    let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+    let plan =
+        BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
     assert!(plan.workspace_size() > 0, "a single long request should be split");
     let mut buf = DeviceProblem::upload(&dev.stream, &host, 0).unwrap();
     let mut args = buf.args();

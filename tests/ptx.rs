@@ -17,7 +17,11 @@ fn ptx_declares_every_entry() {
 #[test]
 fn ptxas_reports_no_spills_and_no_stack() {
     let Some(ptxas) = ptxas::find() else {
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED ptxas check: ptxas not found; {}", ptxas::INSTALL_HINT);
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "SKIPPED ptxas check: ptxas not found; {}",
+            ptxas::INSTALL_HINT
+        );
         return;
     };
     for arch in ["sm_80", "sm_90"] {

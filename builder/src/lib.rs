@@ -26,6 +26,10 @@ impl std::error::Error for BuildError {}
 
 pub type Result<T> = std::result::Result<T, BuildError>;
 
+/// LLVM's full-unroll budget, raised so the kernels' fixed-trip loops over register arrays
+/// unroll completely (a loop left rolled puts its array in local memory).
+pub const UNROLL_THRESHOLD: u32 = 4000;
+
 /// What to build and where.
 #[derive(Debug, Clone)]
 pub struct PtxBuild {
@@ -51,6 +55,8 @@ impl PtxBuild {
             format!("-Ctarget-cpu={}", self.arch),
             "-Cpanic=abort".into(),
             "-Copt-level=3".into(),
+            // Register arrays must be indexed by constants: unroll fixed-trip loops fully.
+            format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
         ];
         let mut cmd = toolchain.cargo();
         cmd.current_dir(&self.crate_dir)

@@ -82,6 +82,7 @@ pub fn link_to_ptx(
         .arg(&linked))?;
     run(std::process::Command::new(tc.llvm_tool("opt"))
         .arg("-passes=internalize,globaldce,default<O3>")
+        .arg(format!("-unroll-threshold={}", crate::UNROLL_THRESHOLD))
         .arg(format!("--internalize-public-api-list={}", entries.join(",")))
         .arg(&linked)
         .arg("-o")

@@ -22,9 +22,7 @@ impl Toolchain {
         if let Ok(tc) = Self::probe(name) {
             return Ok(tc);
         }
-        let install = format!(
-            "rustup toolchain install {name} --profile minimal --component {COMPONENTS}"
-        );
+        let install = format!("rustup toolchain install {name} --profile minimal --component {COMPONENTS}");
         eprintln!("ptx-builder: toolchain {name} or a component is missing; running `{install}`");
         let status = clean_command("rustup")
             .args(["toolchain", "install", name, "--profile", "minimal", "--component", COMPONENTS])
@@ -34,9 +32,8 @@ impl Toolchain {
                 "could not install the pinned toolchain; run `{install}` and build again"
             )));
         }
-        Self::probe(name).map_err(|e| {
-            BuildError(format!("{e}; after installing, run `{install}` and build again"))
-        })
+        Self::probe(name)
+            .map_err(|e| BuildError(format!("{e}; after installing, run `{install}` and build again")))
     }
 
     fn probe(name: &str) -> Result<Self> {
@@ -91,7 +88,15 @@ pub fn clean_command(program: &str) -> Command {
             || key.starts_with("RUSTDOC")
             || matches!(
                 key.as_ref(),
-                "RUSTUP_TOOLCHAIN" | "RUSTFLAGS" | "DEBUG" | "OPT_LEVEL" | "PROFILE" | "TARGET" | "HOST" | "OUT_DIR" | "NUM_JOBS"
+                "RUSTUP_TOOLCHAIN"
+                    | "RUSTFLAGS"
+                    | "DEBUG"
+                    | "OPT_LEVEL"
+                    | "PROFILE"
+                    | "TARGET"
+                    | "HOST"
+                    | "OUT_DIR"
+                    | "NUM_JOBS"
             );
         if inherited && key != "CARGO_HOME" {
             cmd.env_remove(key.as_ref());
@@ -102,12 +107,15 @@ pub fn clean_command(program: &str) -> Command {
 
 /// Runs `cmd`, turning a failure into an error that names the command and shows its stderr.
 pub fn run(cmd: &mut Command) -> Result<Vec<u8>> {
-    let out = cmd
-        .output()
-        .map_err(|e| BuildError(format!("could not start {cmd:?}: {e}")))?;
+    let shown = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = cmd.output().map_err(|e| BuildError(format!("could not start `{shown}`: {e}")))?;
     if !out.status.success() {
         return Err(BuildError(format!(
-            "{cmd:?} failed ({}):\n{}",
+            "`{shown}` failed ({}):\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         )));

@@ -70,7 +70,9 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
     let device = match Device::open(0) {
         Ok(d) => d,
         Err(Error::NoDevice) => {
-            println!("no CUDA driver on this machine: running the float64 CPU reference on a smaller problem");
+            println!(
+                "no CUDA driver on this machine: running the float64 CPU reference on a smaller problem"
+            );
             let small = ProblemSpec::uniform(4, 256, 32, 8, 128, 16);
             let host = HostProblem::<f16>::random(&small);
             let t = std::time::Instant::now();

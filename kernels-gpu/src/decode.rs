@@ -22,10 +22,12 @@
 
 use crate::element::{Elem, MmaElem};
 use crate::intrinsics::*;
-use crate::params::{DECODE_HEADS_PER_CTA, DECODE_THREADS, DECODE_TILE_TOKENS, DecodeParams};
+use crate::params::{DECODE_STAGES, DECODE_THREADS, DecodeParams, decode_d_parts, decode_heads_per_cta};
 
-const TILE: u32 = DECODE_TILE_TOKENS;
 const WARPS: u32 = DECODE_THREADS / 32;
+const STAGES: u32 = DECODE_STAGES;
+/// K/V rows each thread copies per tile (`TILE · D/8` 16-byte chunks over 128 threads).
+const ROWS_PER_THREAD: usize = 8;
 
 /// Token range `[begin, end)` of one split of request `b`, and the request's first index slot.
 pub struct Chunk {
@@ -51,16 +53,15 @@ pub unsafe fn request_chunk(p: &DecodeParams, b: u32, split: u32) -> Chunk {
     Chunk { begin, end, first_index: start, num_pages }
 }
 
-/// Element offset of token `t`'s row for KV head `h` (page id clamped into the store).
+/// Row index (in units of `head_dim` elements) of token `t` for KV head `h`; the page id is
+/// clamped into the store.
 #[inline(always)]
-unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32, head_dim: u32) -> usize {
-    let slot = t / p.page_size;
+unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32) -> u32 {
+    let slot = if p.page_shift != u32::MAX { t >> p.page_shift } else { t / p.page_size };
     let idx = c.first_index + slot.min(c.num_pages - 1);
     let page = unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) };
     let page = (page.max(0) as u32).min(p.num_total_pages - 1);
-    let row = (page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize
-        + (t - slot * p.page_size) as usize;
-    row * head_dim as usize
+    (page * p.num_kv_heads + h) * p.page_size + (t - slot * p.page_size)
 }
 
 /// Byte offset of 16-byte chunk `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
@@ -70,27 +71,33 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
     r * D * 2 + ((c ^ (r & 7)) << 4)
 }
 
-/// Tensor-core decode for 16-bit elements; `QK` = D/16 k-steps, `DN` = D/8 output n-tiles,
-/// `STAGES` pipeline depth, `Q_IN_REGS` keeps the query fragments in registers.
+/// Tensor-core decode for 16-bit elements; `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
+/// columns) per warp,
+/// `TILE` tokens per pipeline stage, `Q_IN_REGS` keeps the query fragments in registers.
 #[inline(always)]
-pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: usize, const STAGES: u32, const Q_IN_REGS: bool>(
+pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: usize, const TILE: u32, const Q_IN_REGS: bool>(
     p: &DecodeParams,
 ) {
-    const { assert!(QK as u32 * 16 == D && DN as u32 * 8 == D) };
+    const { assert!(QK as u32 * 16 == D && DN as u32 * 8 * decode_d_parts(D) == D) };
+    const { assert!(TILE * D / 8 == ROWS_PER_THREAD as u32 * DECODE_THREADS) };
+    let heads_per_cta = decode_heads_per_cta(D);
+    let d_parts = decode_d_parts(D);
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
     let (b, y, split) = block_idx();
     let group = p.num_qo_heads / p.num_kv_heads;
-    let head_blocks = group.div_ceil(DECODE_HEADS_PER_CTA);
+    let head_blocks = group.div_ceil(heads_per_cta);
     let kv_head = y / head_blocks;
-    let head0 = (y % head_blocks) * DECODE_HEADS_PER_CTA;
-    let heads = (group - head0).min(DECODE_HEADS_PER_CTA);
+    let head0 = (y % head_blocks) * heads_per_cta;
+    let heads = (group - head0).min(heads_per_cta);
     let q_tiles = heads.div_ceil(16);
-    // Warp roles: query tile `mt`, token-block phase `phase` of `phases`.
-    let phases = WARPS / q_tiles;
+    // Warp roles: query tile `mt`, output columns `d_part` of `d_parts`, 16-token block phase
+    // `phase` of `phases`.
+    let phases = WARPS / q_tiles / d_parts;
     let mt = warp % q_tiles;
-    let phase = warp / q_tiles;
+    let phase = (warp / q_tiles) % phases;
+    let d_part = warp / q_tiles / phases;
     let first_qo_head = kv_head * group + head0;
 
     let chunk = unsafe { request_chunk(p, b, split) };
@@ -114,40 +121,49 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     }
 
     let n_tiles = (chunk.end - chunk.begin).div_ceil(TILE);
-    let issue_tile = |tile: u32| {
-        let stage = tile % STAGES;
-        let k_dst = kv_smem + stage * 2 * tile_bytes;
-        let v_dst = k_dst + tile_bytes;
+    let c = tid % cpr;
+    let first_row = tid / cpr;
+    let row_step = DECODE_THREADS / cpr;
+    // Page lookups of a tile, done one iteration ahead of its copies.
+    let lookup = |tile: u32| -> [u32; ROWS_PER_THREAD] {
+        let mut rows = [u32::MAX; ROWS_PER_THREAD];
         let t0 = chunk.begin + tile * TILE;
-        let c = tid % cpr;
-        let mut r = tid / cpr;
-        while r < TILE {
-            let t = t0 + r;
-            let valid = t < chunk.end;
-            let off = if valid { unsafe { token_row(p, &chunk, kv_head, t, D) + (c * 8) as usize } } else { 0 };
+        for i in 0..ROWS_PER_THREAD {
+            let t = t0 + first_row + i as u32 * row_step;
+            if tile < n_tiles && t < chunk.end {
+                rows[i] = unsafe { token_row(p, &chunk, kv_head, t) };
+            }
+        }
+        rows
+    };
+    let issue = |tile: u32, rows: &[u32; ROWS_PER_THREAD]| {
+        let k_dst = kv_smem + (tile % STAGES) * 2 * tile_bytes;
+        let v_dst = k_dst + tile_bytes;
+        for i in 0..ROWS_PER_THREAD {
+            let valid = rows[i] != u32::MAX;
+            let off = if valid { rows[i] as usize * D as usize + (c * 8) as usize } else { 0 };
+            let dst = swizzle::<D>(first_row + i as u32 * row_step, c);
             let n = if valid { 16 } else { 0 };
-            let dst = swizzle::<D>(r, c);
             unsafe {
                 cp_async_16(k_dst + dst, (p.k_data as *const T).add(off) as *const u8, n);
                 cp_async_16(v_dst + dst, (p.v_data as *const T).add(off) as *const u8, n);
             }
-            r += DECODE_THREADS / cpr;
         }
     };
     for s in 0..STAGES - 1 {
         if s < n_tiles {
-            issue_tile(s);
+            issue(s, &lookup(s));
         }
         cp_async_commit();
     }
+    let mut next_rows = lookup(STAGES - 1);
     sync_threads();
 
     let g = lane / 4; // fragment row (and +8)
     let t4 = lane % 4; // fragment column pair
-    let q_row_base = q_smem + 0; // swizzle adds the row
     let q_frag = |kk: u32| -> [u32; 4] {
         let r = mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        unsafe { ldmatrix_x4(q_row_base + swizzle::<D>(r, 2 * kk + lane / 16)) }
+        unsafe { ldmatrix_x4(q_smem + swizzle::<D>(r, 2 * kk + lane / 16)) }
     };
     let mut q_regs = [[0u32; 4]; QK];
     if Q_IN_REGS {
@@ -159,16 +175,20 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     let mut m = [f32::NEG_INFINITY; 2];
     let mut l = [0f32; 2];
     let mut o = [[0f32; 4]; DN];
-    let active = phase < phases;
+    let active = d_part < d_parts;
+    let col0 = d_part * DN as u32 * 8; // first output column of this warp
 
     for tile in 0..n_tiles {
+        // Tile `tile` has landed for every thread, and every warp is done with tile - 1,
+        // whose stage the next copies overwrite.
+        cp_async_wait_dyn(STAGES - 2);
+        sync_threads();
         let next = tile + STAGES - 1;
         if next < n_tiles {
-            issue_tile(next);
+            issue(next, &next_rows);
         }
         cp_async_commit();
-        cp_async_wait_dyn(STAGES - 1);
-        sync_threads();
+        next_rows = lookup(next + 1);
 
         let k_tile = kv_smem + (tile % STAGES) * 2 * tile_bytes;
         let v_tile = k_tile + tile_bytes;
@@ -223,15 +243,16 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
             ];
             for dn in 0..DN / 2 {
                 let vr = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
-                let vb = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(vr, 2 * dn as u32 + lane / 16)) };
+                let chunk16 = col0 / 8 + 2 * dn as u32 + lane / 16;
+                let vb = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(vr, chunk16)) };
                 T::mma(&mut o[2 * dn], pa, vb[0], vb[1]);
                 T::mma(&mut o[2 * dn + 1], pa, vb[2], vb[3]);
             }
             sb += phases;
         }
-        sync_threads();
     }
     cp_async_wait::<0>();
+    sync_threads();
 
     // Per-warp partials → shared (reusing the pipeline buffers): O[16][D] f32, then m[16], l[16].
     for r in 0..2 {
@@ -244,7 +265,7 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     for n in 0..DN {
         for i in 0..4 {
             let row = g + 8 * (i as u32 / 2);
-            let col = n as u32 * 8 + 2 * t4 + (i as u32 & 1);
+            let col = col0 + n as u32 * 8 + 2 * t4 + (i as u32 & 1);
             unsafe { *my_part.add((row * D + col) as usize) = o[n][i] };
         }
     }
@@ -265,7 +286,11 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     while e < heads * quads {
         let (row, d4) = (e / quads, e % quads);
         let (tile_idx, r) = (row / 16, row % 16);
-        let warp_part = |ph: u32| unsafe { part.add(((tile_idx + ph * q_tiles) * part_bytes) as usize) as *const f32 };
+        let dp = d4 * 4 / (D / d_parts);
+        let warp_part = |ph: u32| {
+            let w = tile_idx + q_tiles * (ph + phases * dp);
+            unsafe { part.add((w * part_bytes) as usize) as *const f32 }
+        };
         let mut m_all = f32::NEG_INFINITY;
         for ph in 0..phases {
             m_all = fmax(m_all, unsafe { *warp_part(ph).add((16 * D + r) as usize) });
@@ -341,7 +366,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize>(p: &DecodePar
         let mut l = 0f32;
         let mut o = [0f32; VPL];
         for t in chunk.begin..chunk.end {
-            let row = unsafe { token_row(p, &chunk, kv_head, t, D) } + col as usize;
+            let row = unsafe { token_row(p, &chunk, kv_head, t) } as usize * D as usize + col as usize;
             let k = unsafe { (p.k_data as *const T).add(row) };
             let v = unsafe { (p.v_data as *const T).add(row) };
             let mut dot = 0f32;

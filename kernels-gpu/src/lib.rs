@@ -16,7 +16,7 @@ pub mod intrinsics;
 pub mod params;
 
 use element::{BF16, F16};
-use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_stages};
+use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_d_parts, decode_tile_tokens};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -28,7 +28,14 @@ macro_rules! decode_mma_entry {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
-                decode::decode_mma::<$t, $d, { $d / 16 }, { $d / 8 }, { decode_stages($d) }, $q_in_regs>(&p)
+                decode::decode_mma::<
+                    $t,
+                    $d,
+                    { $d / 16 },
+                    { $d / 8 / decode_d_parts($d) as usize },
+                    { decode_tile_tokens($d) },
+                    $q_in_regs,
+                >(&p)
             }
         }
     };

@@ -35,9 +35,10 @@ pub struct DecodeParams {
     pub num_splits: u32,
     /// Smallest chunk, in tokens, a split may take.
     pub min_chunk: u32,
+    /// `log2(page_size)` when it is a power of two, else `u32::MAX`.
+    pub page_shift: u32,
     /// `sm_scale * log2(e)`: logits are kept in the base-2 domain.
     pub scale_log2: f32,
-    pub _pad: u32,
 }
 
 /// Parameters of the append kernel.
@@ -87,23 +88,25 @@ pub mod check_code {
     pub const PAGE_OUT_OF_RANGE: u32 = 4;
 }
 
-/// Tokens per pipeline stage of the tensor-core decode kernel.
-pub const DECODE_TILE_TOKENS: u32 = 64;
 /// Threads per CTA of the decode kernels.
 pub const DECODE_THREADS: u32 = 128;
-/// Query heads one tensor-core CTA covers (four 16-row MMA tiles).
-pub const DECODE_HEADS_PER_CTA: u32 = 64;
-/// Pipeline depth of the tensor-core kernel for a head_dim.
-pub const fn decode_stages(head_dim: u32) -> u32 {
-    match head_dim {
-        64 => 4,
-        128 => 3,
-        _ => 2,
-    }
+/// Query heads one tensor-core CTA covers: four 16-row MMA tiles, two for head_dim 256
+/// (whose warps split D in halves to keep the output accumulators in registers).
+pub const fn decode_heads_per_cta(head_dim: u32) -> u32 {
+    if head_dim > 128 { 32 } else { 64 }
+}
+/// Warps sharing one 16-token block, each owning `head_dim / parts` output columns.
+pub const fn decode_d_parts(head_dim: u32) -> u32 {
+    if head_dim > 128 { 2 } else { 1 }
+}
+/// Pipeline depth of the tensor-core kernel.
+pub const DECODE_STAGES: u32 = 3;
+/// Tokens per pipeline stage: 16 KB of K and 16 KB of V whatever the head_dim.
+pub const fn decode_tile_tokens(head_dim: u32) -> u32 {
+    8192 / head_dim
 }
 /// Dynamic shared memory of the tensor-core kernel for `mma_tiles` 16-row query tiles.
 pub const fn decode_smem_bytes(head_dim: u32, mma_tiles: u32) -> u32 {
     let q = mma_tiles * 16 * head_dim * 2;
-    let kv = decode_stages(head_dim) * 2 * DECODE_TILE_TOKENS * head_dim * 2;
-    q + kv
+    q + DECODE_STAGES * 2 * decode_tile_tokens(head_dim) * head_dim * 2
 }
