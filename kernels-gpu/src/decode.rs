@@ -28,6 +28,8 @@ const WARPS: u32 = DECODE_THREADS / 32;
 const STAGES: u32 = DECODE_STAGES;
 /// K/V rows each thread copies per tile (`TILE · D/8` 16-byte chunks over 128 threads).
 const ROWS_PER_THREAD: usize = 8;
+// One thread per tile row resolves page lookups.
+const _: () = assert!(DECODE_THREADS >= crate::params::decode_tile_tokens(64));
 
 /// Token range `[begin, end)` of one split of request `b`, and the request's first index slot.
 pub struct Chunk {
@@ -124,25 +126,28 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     let c = tid % cpr;
     let first_row = tid / cpr;
     let row_step = DECODE_THREADS / cpr;
-    // Page lookups of a tile, done one iteration ahead of its copies.
-    let lookup = |tile: u32| -> [u32; ROWS_PER_THREAD] {
-        let mut rows = [u32::MAX; ROWS_PER_THREAD];
-        let t0 = chunk.begin + tile * TILE;
-        for i in 0..ROWS_PER_THREAD {
-            let t = t0 + first_row + i as u32 * row_step;
-            if tile < n_tiles && t < chunk.end {
-                rows[i] = unsafe { token_row(p, &chunk, kv_head, t) };
-            }
-        }
-        rows
+    // Page lookups: thread `r < TILE` resolves row `r` of a tile one iteration before its copies
+    // are issued and parks it in a shared ring of `STAGES` tiles (`u32::MAX`: past the chunk).
+    let ring = kv_smem + STAGES * 2 * tile_bytes;
+    let lookup_row = |tile: u32| -> u32 {
+        let t = chunk.begin + tile * TILE + tid;
+        if tid < TILE && tile < n_tiles && t < chunk.end { unsafe { token_row(p, &chunk, kv_head, t) } } else { u32::MAX }
     };
-    let issue = |tile: u32, rows: &[u32; ROWS_PER_THREAD]| {
+    let park = |tile: u32, row: u32| {
+        if tid < TILE {
+            unsafe { st_shared_u32(ring + ((tile % STAGES) * TILE + tid) * 4, row) };
+        }
+    };
+    let issue = |tile: u32| {
         let k_dst = kv_smem + (tile % STAGES) * 2 * tile_bytes;
         let v_dst = k_dst + tile_bytes;
+        let slot = ring + (tile % STAGES) * TILE * 4;
         for i in 0..ROWS_PER_THREAD {
-            let valid = rows[i] != u32::MAX;
-            let off = if valid { rows[i] as usize * D as usize + (c * 8) as usize } else { 0 };
-            let dst = swizzle::<D>(first_row + i as u32 * row_step, c);
+            let r = first_row + i as u32 * row_step;
+            let row = unsafe { ld_shared_u32(slot + r * 4) };
+            let valid = row != u32::MAX;
+            let off = if valid { row as usize * D as usize + (c * 8) as usize } else { 0 };
+            let dst = swizzle::<D>(r, c);
             let n = if valid { 16 } else { 0 };
             unsafe {
                 cp_async_16(k_dst + dst, (p.k_data as *const T).add(off) as *const u8, n);
@@ -151,13 +156,16 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
         }
     };
     for s in 0..STAGES - 1 {
+        park(s, lookup_row(s));
+    }
+    let mut pending_row = lookup_row(STAGES - 1);
+    sync_threads();
+    for s in 0..STAGES - 1 {
         if s < n_tiles {
-            issue(s, &lookup(s));
+            issue(s);
         }
         cp_async_commit();
     }
-    let mut next_rows = lookup(STAGES - 1);
-    sync_threads();
 
     let g = lane / 4; // fragment row (and +8)
     let t4 = lane % 4; // fragment column pair
@@ -179,16 +187,17 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     let col0 = d_part * DN as u32 * 8; // first output column of this warp
 
     for tile in 0..n_tiles {
-        // Tile `tile` has landed for every thread, and every warp is done with tile - 1,
-        // whose stage the next copies overwrite.
+        let next = tile + STAGES - 1;
+        park(next, pending_row);
+        // Tile `tile` has landed for every thread, every warp is done with tile - 1 (whose
+        // stage the next copies overwrite), and the rows of tile `next` are parked.
         cp_async_wait_dyn(STAGES - 2);
         sync_threads();
-        let next = tile + STAGES - 1;
         if next < n_tiles {
-            issue(next, &next_rows);
+            issue(next);
         }
         cp_async_commit();
-        next_rows = lookup(next + 1);
+        pending_row = lookup_row(next + 1);
 
         let k_tile = kv_smem + (tile % STAGES) * 2 * tile_bytes;
         let v_tile = k_tile + tile_bytes;
@@ -207,10 +216,16 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
             }
             // Scale, mask tokens past the chunk, online softmax (rows g and g + 8).
             let mut row_max = [f32::NEG_INFINITY; 2];
+            let partial = t0 + row0 + 16 > chunk.end;
             for nt in 0..2 {
                 for i in 0..4 {
-                    let t = t0 + row0 + nt as u32 * 8 + 2 * t4 + (i as u32 & 1);
-                    s[nt][i] = if t < chunk.end { s[nt][i] * p.scale_log2 } else { f32::NEG_INFINITY };
+                    s[nt][i] *= p.scale_log2;
+                    if partial {
+                        let t = t0 + row0 + nt as u32 * 8 + 2 * t4 + (i as u32 & 1);
+                        if t >= chunk.end {
+                            s[nt][i] = f32::NEG_INFINITY;
+                        }
+                    }
                     row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
                 }
             }
@@ -229,9 +244,11 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
                     l[i / 2] += s[nt][i];
                 }
             }
-            for n in 0..DN {
-                for i in 0..4 {
-                    o[n][i] *= scale[i / 2];
+            if any_sync(scale[0] != 1.0 || scale[1] != 1.0) {
+                for n in 0..DN {
+                    for i in 0..4 {
+                        o[n][i] *= scale[i / 2];
+                    }
                 }
             }
             // O += P · V, P re-packed from the S accumulators as the A operand.
@@ -422,36 +439,53 @@ unsafe fn write_row_pair<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_
     }
 }
 
-/// Combines the `num_splits` partial (O, lse) of each (request, query head): one warp per row,
-/// `D / 32` columns per lane, splits visited in index order (deterministic).
+/// Combines the `num_splits` (≤ 64) partial (O, lse) of each (request, query head): one warp
+/// per row. Lanes read the split lse values in parallel; the weighted sum of the partial rows
+/// runs four splits at a time, in split order (deterministic).
 #[inline(always)]
 pub unsafe fn merge_splits<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams) {
+    const BATCH: u32 = 4;
     let lane = thread_idx() % 32;
     let rows = p.batch * p.num_qo_heads;
     let row = block_idx().0 * WARPS + thread_idx() / 32;
     if row >= rows {
         return;
     }
-    let lse_part = p.partial_lse as *const f32;
-    let mut m = f32::NEG_INFINITY;
-    for s in 0..p.num_splits {
-        m = fmax(m, unsafe { *lse_part.add((s * rows + row) as usize) });
-    }
-    let mut l = 0f32;
+    let splits = p.num_splits;
+    let lse_of = |s: u32| {
+        if s < splits { unsafe { *(p.partial_lse as *const f32).add((s * rows + row) as usize) } } else { f32::NEG_INFINITY }
+    };
+    let (lse_lo, lse_hi) = (lse_of(lane), lse_of(lane + 32));
+    let m = warp_max(fmax(lse_lo, lse_hi));
+    let (w_lo, w_hi) = if m == f32::NEG_INFINITY { (0.0, 0.0) } else { (exp2(lse_lo - m), exp2(lse_hi - m)) };
+    let l = warp_sum(w_lo + w_hi);
+    let col = (lane * VPL as u32) as usize;
     let mut acc = [0f32; VPL];
-    if m != f32::NEG_INFINITY {
-        for s in 0..p.num_splits {
-            let slot = (s * rows + row) as usize;
-            let w = exp2(unsafe { *lse_part.add(slot) } - m);
-            l += w;
-            let src = unsafe { (p.partial_o as *const f32).add(slot * D as usize + (lane * VPL as u32) as usize) };
-            for i in 0..VPL {
-                acc[i] += w * unsafe { *src.add(i) };
+    let mut s0 = 0;
+    while s0 < splits {
+        let mut w = [0f32; BATCH as usize];
+        let mut v = [[0f32; VPL]; BATCH as usize];
+        for u in 0..BATCH as usize {
+            let s = s0 + u as u32;
+            let from_lo = shfl_idx(w_lo, s % 32);
+            let from_hi = shfl_idx(w_hi, s % 32);
+            w[u] = if s < 32 { from_lo } else { from_hi };
+            if s < splits && w[u] > 0.0 {
+                let src = unsafe { (p.partial_o as *const f32).add((s * rows + row) as usize * D as usize + col) };
+                for i in 0..VPL {
+                    v[u][i] = unsafe { *src.add(i) };
+                }
             }
         }
+        for u in 0..BATCH as usize {
+            for i in 0..VPL {
+                acc[i] += w[u] * v[u][i];
+            }
+        }
+        s0 += BATCH;
     }
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-    let out = unsafe { (p.o as *mut T).add(row as usize * D as usize + (lane * VPL as u32) as usize) };
+    let out = unsafe { (p.o as *mut T).add(row as usize * D as usize + col) };
     for i in 0..VPL {
         unsafe { *out.add(i) = T::from_f32(acc[i] * inv) };
     }

@@ -56,6 +56,29 @@ pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
     f32::from_bits(r)
 }
 
+/// Value of `v` in lane `src`.
+#[inline(always)]
+pub fn shfl_idx(v: f32, src: u32) -> f32 {
+    let r: u32;
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, v = in(reg32) v.to_bits(), s = in(reg32) src,
+             options(nomem, nostack, preserves_flags))
+    };
+    f32::from_bits(r)
+}
+
+/// Maximum over all 32 lanes.
+#[inline(always)]
+pub fn warp_max(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        v = fmax(v, shfl_xor(v, m));
+        m >>= 1;
+    }
+    v
+}
+
 /// Sum over all 32 lanes.
 #[inline(always)]
 pub fn warp_sum(mut v: f32) -> f32 {
@@ -161,6 +184,29 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
     };
 }
 
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    unsafe { asm!("st.shared.b32 [{p}], {v};", p = in(reg32) addr, v = in(reg32) v, options(nostack)) };
+}
+
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.shared.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg32) addr, options(nostack)) };
+    v
+}
+
+/// True in every lane if `pred` holds in any lane of the warp.
+#[inline(always)]
+pub fn any_sync(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.any.pred p, p, 0xffffffff; selp.u32 {r}, 1, 0, p; }}",
+             x = in(reg32) pred as u32, r = out(reg32) r, options(nomem, nostack))
+    };
+    r != 0
+}
+
 /// 16-byte read-only global load.
 #[inline(always)]
 pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
@@ -171,6 +217,12 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
              options(nostack, readonly))
     };
     [a, b, c, d]
+}
+
+/// Pulls the line holding `p` into L2.
+#[inline(always)]
+pub unsafe fn prefetch_l2(p: *const u8) {
+    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly)) };
 }
 
 /// Read-only global load of an i32.

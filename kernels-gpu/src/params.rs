@@ -108,5 +108,7 @@ pub const fn decode_tile_tokens(head_dim: u32) -> u32 {
 /// Dynamic shared memory of the tensor-core kernel for `mma_tiles` 16-row query tiles.
 pub const fn decode_smem_bytes(head_dim: u32, mma_tiles: u32) -> u32 {
     let q = mma_tiles * 16 * head_dim * 2;
-    q + DECODE_STAGES * 2 * decode_tile_tokens(head_dim) * head_dim * 2
+    let kv = DECODE_STAGES * 2 * decode_tile_tokens(head_dim) * head_dim * 2;
+    let page_rows = DECODE_STAGES * decode_tile_tokens(head_dim) * 4;
+    q + kv + page_rows
 }

@@ -1,0 +1,601 @@
+//! Property tests: host-side validation, configuration and the CPU reference return `Ok` or a
+//! typed error on arbitrary input, and never panic.
+
+use half::{bf16, f16};
+use paged_decode::device::DeviceProps;
+use paged_decode::page_table::{PageTableRules, validate_page_table};
+use paged_decode::plan::{DecodeConfig, MAX_SPLITS};
+use paged_decode::reference::{self, PageTable};
+use paged_decode::{
+    BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Element, ElementKind,
+    Error, PagedKvAppendArgsLayout, PagedKvAppendDescriptor, PagedKvAppendPlan, PagedKvCacheDescriptor,
+    Result, TensorLayout,
+};
+use proptest::prelude::*;
+use proptest::sample::select;
+
+fn config() -> ProptestConfig {
+    ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+const ELEMENTS: [ElementKind; 5] =
+    [ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::I32, ElementKind::U8];
+
+fn element() -> BoxedStrategy<ElementKind> {
+    select(ELEMENTS.to_vec()).boxed()
+}
+
+const BOUNDARY: [i32; 12] =
+    [i32::MIN, i32::MIN + 1, -1, 0, 1, 1023, 1024, 65535, 65536, 1 << 20, i32::MAX - 1, i32::MAX];
+
+/// Any i32, weighted towards small, supported and boundary values.
+fn extent() -> BoxedStrategy<i32> {
+    prop_oneof![
+        4 => -3..=70i32,
+        2 => select(vec![64, 128, 256]),
+        1 => any::<i32>(),
+        1 => Just(i32::MAX),
+        2 => select(BOUNDARY.to_vec()),
+    ]
+    .boxed()
+}
+
+fn sm_scale() -> BoxedStrategy<f32> {
+    prop_oneof![
+        4 => -4.0f32..4.0,
+        1 => any::<f32>(),
+        2 => select(vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::MAX,
+            f32::MIN_POSITIVE
+        ]),
+    ]
+    .boxed()
+}
+
+fn kv_desc() -> BoxedStrategy<PagedKvCacheDescriptor> {
+    (extent(), extent(), extent(), extent(), element())
+        .prop_map(|(page_size, num_total_pages, num_kv_heads, head_dim, element)| PagedKvCacheDescriptor {
+            page_size,
+            num_total_pages,
+            num_kv_heads,
+            head_dim,
+            element,
+        })
+        .boxed()
+}
+
+/// Fully random descriptors, and descriptors that are mostly valid (integer groups, supported
+/// head_dim) so the checks past the first ones are reached too.
+fn decode_desc() -> BoxedStrategy<BatchPagedDecodeDescriptor> {
+    let random = (extent(), extent(), sm_scale(), kv_desc()).prop_map(
+        |(batch_size, num_qo_heads, sm_scale, paged_kv)| BatchPagedDecodeDescriptor {
+            batch_size,
+            num_qo_heads,
+            sm_scale,
+            paged_kv,
+        },
+    );
+    let plausible = (
+        prop_oneof![3 => 1..=300i32, 1 => Just(i32::MAX), 2 => extent()],
+        prop_oneof![1..=70i32, extent()],
+        prop_oneof![1..=70i32, 1..=70000i32, extent()],
+        select(vec![64, 128, 256]),
+        (prop_oneof![1..=1024i32, extent()], prop_oneof![1..=100000i32, extent()]),
+        element(),
+        sm_scale(),
+    )
+        .prop_map(
+            |(batch_size, group, num_kv_heads, head_dim, (page_size, num_total_pages), element, sm_scale)| {
+                BatchPagedDecodeDescriptor {
+                    batch_size,
+                    num_qo_heads: group.saturating_mul(num_kv_heads),
+                    sm_scale,
+                    paged_kv: PagedKvCacheDescriptor {
+                        page_size,
+                        num_total_pages,
+                        num_kv_heads,
+                        head_dim,
+                        element,
+                    },
+                }
+            },
+        );
+    prop_oneof![random, plausible].boxed()
+}
+
+fn append_desc() -> BoxedStrategy<PagedKvAppendDescriptor> {
+    decode_desc()
+        .prop_map(|d| PagedKvAppendDescriptor { batch_size: d.batch_size, paged_kv: d.paged_kv })
+        .boxed()
+}
+
+fn device_props() -> BoxedStrategy<DeviceProps> {
+    let h200 = DeviceProps {
+        sm_count: 132,
+        compute_capability: (9, 0),
+        smem_per_sm: 233472,
+        smem_per_block_optin: 232448,
+    };
+    let random = (any::<u32>(), (any::<u32>(), any::<u32>()), any::<u32>(), any::<u32>()).prop_map(
+        |(sm_count, compute_capability, smem_per_sm, smem_per_block_optin)| DeviceProps {
+            sm_count,
+            compute_capability,
+            smem_per_sm,
+            smem_per_block_optin,
+        },
+    );
+    let plausible = (0..=200u32, 0..=300_000u32, 0..=300_000u32).prop_map(|(sm_count, sm, block)| {
+        DeviceProps { sm_count, compute_capability: (8, 0), smem_per_sm: sm, smem_per_block_optin: block }
+    });
+    prop_oneof![Just(h200), random, plausible].boxed()
+}
+
+fn workspace_limit() -> BoxedStrategy<usize> {
+    prop_oneof![Just(usize::MAX), Just(0usize), any::<usize>(), 0..=1usize << 24].boxed()
+}
+
+/// Row-major layout of `shape` over exactly enough storage (saturating, so any shape works).
+fn contiguous<const N: usize>(shape: [i32; N]) -> TensorLayout<N> {
+    let mut stride = [0i64; N];
+    let mut acc = 1i64;
+    for i in (0..N).rev() {
+        stride[i] = acc;
+        acc = acc.saturating_mul(shape[i].max(0) as i64);
+    }
+    let storage_len = shape.iter().fold(1usize, |acc, &d| acc.saturating_mul(d.max(0) as usize));
+    TensorLayout { shape, stride, storage_len }
+}
+
+fn decode_contiguous(desc: &BatchPagedDecodeDescriptor, n: i32) -> BatchPagedDecodeArgsLayout {
+    let kv = &desc.paged_kv;
+    let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
+    let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+    BatchPagedDecodeArgsLayout {
+        q: contiguous([b, hq, d]),
+        k_data: contiguous(store),
+        v_data: contiguous(store),
+        indices: contiguous([n]),
+        indptr: contiguous([b.saturating_add(1)]),
+        last_page_len: contiguous([b]),
+        o: contiguous([b, hq, d]),
+        lse: contiguous([b, hq]),
+    }
+}
+
+fn append_contiguous(desc: &PagedKvAppendDescriptor, n: i32) -> PagedKvAppendArgsLayout {
+    let kv = &desc.paged_kv;
+    let b = desc.batch_size;
+    let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
+    PagedKvAppendArgsLayout {
+        key: contiguous([b, kv.num_kv_heads, kv.head_dim]),
+        value: contiguous([b, kv.num_kv_heads, kv.head_dim]),
+        k_data: contiguous(store),
+        v_data: contiguous(store),
+        indices: contiguous([n]),
+        indptr: contiguous([b.saturating_add(1)]),
+        last_page_len: contiguous([b]),
+    }
+}
+
+/// A random layout: contiguous over a random shape, or random shape, strides and storage.
+fn layout<const N: usize>() -> BoxedStrategy<TensorLayout<N>> {
+    let stride = prop_oneof![-2..=300i64, any::<i64>(), Just(0i64), Just(i64::MAX), Just(i64::MIN)];
+    let storage = prop_oneof![0..=5000usize, any::<usize>(), Just(usize::MAX)];
+    let random = (prop::array::uniform::<_, N>(extent()), prop::array::uniform::<_, N>(stride), storage)
+        .prop_map(|(shape, stride, storage_len)| TensorLayout { shape, stride, storage_len });
+    prop_oneof![prop::array::uniform::<_, N>(extent()).prop_map(contiguous), random].boxed()
+}
+
+/// Which tensors to replace: none, one, or any subset.
+fn mask() -> BoxedStrategy<u8> {
+    prop_oneof![1 => Just(0u8), 2 => (0..8u32).prop_map(|i| 1u8 << i), 2 => any::<u8>()].boxed()
+}
+
+/// Contiguous layouts for the descriptor with the tensors selected by `mask` replaced by random ones.
+fn decode_layout(desc: BatchPagedDecodeDescriptor) -> BoxedStrategy<BatchPagedDecodeArgsLayout> {
+    (
+        extent(),
+        mask(),
+        (layout::<3>(), layout::<4>(), layout::<4>(), layout::<1>()),
+        (layout::<1>(), layout::<1>(), layout::<3>(), layout::<2>()),
+    )
+        .prop_map(move |(n, mask, (q, k, v, indices), (indptr, last, o, lse))| {
+            let mut a = decode_contiguous(&desc, n);
+            let pick = |i: u32| mask & (1 << i) != 0;
+            if pick(0) {
+                a.q = q;
+            }
+            if pick(1) {
+                a.k_data = k;
+            }
+            if pick(2) {
+                a.v_data = v;
+            }
+            if pick(3) {
+                a.indices = indices;
+            }
+            if pick(4) {
+                a.indptr = indptr;
+            }
+            if pick(5) {
+                a.last_page_len = last;
+            }
+            if pick(6) {
+                a.o = o;
+            }
+            if pick(7) {
+                a.lse = lse;
+            }
+            a
+        })
+        .boxed()
+}
+
+fn append_layout(desc: PagedKvAppendDescriptor) -> BoxedStrategy<PagedKvAppendArgsLayout> {
+    (
+        extent(),
+        mask(),
+        (layout::<3>(), layout::<3>(), layout::<4>(), layout::<4>()),
+        (layout::<1>(), layout::<1>(), layout::<1>()),
+    )
+        .prop_map(move |(n, mask, (key, value, k, v), (indices, indptr, last))| {
+            let mut a = append_contiguous(&desc, n);
+            let pick = |i: u32| mask & (1 << i) != 0;
+            if pick(0) {
+                a.key = key;
+            }
+            if pick(1) {
+                a.value = value;
+            }
+            if pick(2) {
+                a.k_data = k;
+            }
+            if pick(3) {
+                a.v_data = v;
+            }
+            if pick(4) {
+                a.indices = indices;
+            }
+            if pick(5) {
+                a.indptr = indptr;
+            }
+            if pick(6) {
+                a.last_page_len = last;
+            }
+            a
+        })
+        .boxed()
+}
+
+fn decode_args() -> BoxedStrategy<(BatchPagedDecodeDescriptor, BatchPagedDecodeArgsLayout)> {
+    decode_desc().prop_flat_map(|d| (Just(d), decode_layout(d))).boxed()
+}
+
+fn append_args() -> BoxedStrategy<(PagedKvAppendDescriptor, PagedKvAppendArgsLayout)> {
+    append_desc().prop_flat_map(|d| (Just(d), append_layout(d))).boxed()
+}
+
+fn is_typed_rejection<X>(r: &Result<X>) -> bool {
+    matches!(r, Ok(_) | Err(Error::InvalidProblem(_) | Error::Unsupported(_)))
+}
+
+/// Descriptor check for every element type; `choose` and the contiguous layout for the ones it
+/// accepts.
+fn decode_descriptor_case<T: Element>(
+    desc: &BatchPagedDecodeDescriptor,
+    props: &DeviceProps,
+    max_ws: usize,
+) -> std::result::Result<(), TestCaseError> {
+    let r = BatchPagedDecodePlan::<T>::check_descriptor(desc);
+    prop_assert!(is_typed_rejection(&r), "{r:?}");
+    if r.is_err() {
+        return Ok(());
+    }
+    prop_assert_eq!(desc.paged_kv.element, T::KIND);
+    let cfg = DecodeConfig::choose(desc, props, max_ws);
+    match cfg {
+        Ok(cfg) => {
+            prop_assert!((1..=MAX_SPLITS).contains(&cfg.num_splits), "{cfg:?}");
+            let ws = cfg.workspace_size(desc);
+            prop_assert!(ws <= max_ws, "workspace {ws} > limit {max_ws}: {cfg:?}");
+            prop_assert!(cfg.num_splits > 1 || ws == 0);
+        }
+        Err(Error::Unsupported(_)) => {}
+        Err(e) => return Err(TestCaseError::fail(format!("choose: {e:?}"))),
+    }
+    for n in [0, 1, 1000] {
+        let r =
+            BatchPagedDecodePlan::<T>::check_layout(desc, &BatchPagedDecodeArgsLayout::contiguous(desc, n));
+        prop_assert!(r.is_ok(), "contiguous layout rejected: {r:?}");
+    }
+    Ok(())
+}
+
+fn append_descriptor_case<T: Element>(
+    desc: &PagedKvAppendDescriptor,
+) -> std::result::Result<(), TestCaseError> {
+    let r = PagedKvAppendPlan::<T>::check_descriptor(desc);
+    prop_assert!(is_typed_rejection(&r), "{r:?}");
+    if r.is_ok() {
+        prop_assert_eq!(desc.paged_kv.element, T::KIND);
+        for n in [0, 1, 1000] {
+            let r = PagedKvAppendPlan::<T>::check_layout(desc, &PagedKvAppendArgsLayout::contiguous(desc, n));
+            prop_assert!(r.is_ok(), "contiguous layout rejected: {r:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Small decode geometry as (batch, Hq, Hkv, d, page_size, pages), with some non-positive values.
+fn small_geometry() -> BoxedStrategy<(i32, i32, i32, i32, i32, i32)> {
+    let small = |lo: i32, hi: i32| prop_oneof![16 => lo..=hi, 1 => select(vec![i32::MIN, -1, 0])];
+    (small(0, 3), small(0, 3), small(1, 3), small(1, 4), small(1, 4), small(0, 5))
+        .prop_map(|(b, group, hkv, d, ps, pages)| (b, group.saturating_mul(hkv), hkv, d, ps, pages))
+        .boxed()
+}
+
+fn value() -> BoxedStrategy<f32> {
+    prop_oneof![8 => -2.0f32..2.0, 1 => any::<f32>()].boxed()
+}
+
+fn small_ints(max_len: usize) -> BoxedStrategy<Vec<i32>> {
+    prop::collection::vec(prop_oneof![8 => -1..=6i32, 1 => select(vec![i32::MIN, i32::MAX])], 0..=max_len)
+        .boxed()
+}
+
+/// Element count `dims` asks for, or a random small count.
+fn len_for(dims: &[i32], exact: bool, other: usize) -> usize {
+    if exact { dims.iter().map(|&d| d.max(0) as usize).product::<usize>().min(4096) } else { other }
+}
+
+/// A page table for `batch` requests over `pages` pages of `page_size`: usually well formed
+/// (cumulative `indptr`, ids and lengths mostly in range), sometimes random.
+fn page_table(batch: usize, pages: i32, page_size: i32) -> BoxedStrategy<(Vec<i32>, Vec<i32>, Vec<i32>)> {
+    let id = prop_oneof![8 => 0..pages.max(1), 1 => -1..=pages.max(0).saturating_add(1)];
+    let last = prop_oneof![8 => 0..=page_size.max(0), 1 => -1..=page_size.max(0).saturating_add(1)];
+    let formed = (
+        prop::collection::vec(0..=3i32, batch),
+        prop::collection::vec(id, 0..=12),
+        prop::collection::vec(last, batch),
+    )
+        .prop_map(|(counts, mut indices, last)| {
+            let mut indptr = vec![0];
+            for c in counts {
+                indptr.push(indptr.last().unwrap() + c);
+            }
+            let used = *indptr.last().unwrap() as usize;
+            while indices.len() < used {
+                indices.push(indices.len() as i32 % 4);
+            }
+            (indptr, indices, last)
+        });
+    prop_oneof![4 => formed, 1 => (small_ints(6), small_ints(12), small_ints(5))].boxed()
+}
+
+#[derive(Debug, Clone)]
+struct RefCase {
+    desc: BatchPagedDecodeDescriptor,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    table: (Vec<i32>, Vec<i32>, Vec<i32>),
+}
+
+fn ref_case() -> BoxedStrategy<RefCase> {
+    (
+        small_geometry(),
+        select(vec![ElementKind::F32, ElementKind::F32, ElementKind::F16, ElementKind::I32]),
+        sm_scale(),
+    )
+        .prop_flat_map(|((b, hq, hkv, d, ps, pages), element, sm_scale)| {
+            let desc = BatchPagedDecodeDescriptor {
+                batch_size: b,
+                num_qo_heads: hq,
+                sm_scale,
+                paged_kv: PagedKvCacheDescriptor {
+                    page_size: ps,
+                    num_total_pages: pages,
+                    num_kv_heads: hkv,
+                    head_dim: d,
+                    element,
+                },
+            };
+            let exact = prop::bool::weighted(0.9);
+            (
+                Just(desc),
+                (exact, 0..40usize)
+                    .prop_flat_map(move |(e, n)| prop::collection::vec(value(), len_for(&[b, hq, d], e, n))),
+                (exact, 0..40usize).prop_flat_map(move |(e, n)| {
+                    prop::collection::vec(value(), len_for(&[pages, hkv, ps, d], e, n))
+                }),
+                (exact, 0..40usize).prop_flat_map(move |(e, n)| {
+                    prop::collection::vec(value(), len_for(&[pages, hkv, ps, d], e, n))
+                }),
+                page_table(b.max(0) as usize, pages, ps),
+            )
+        })
+        .prop_map(|(desc, q, k, v, table)| RefCase { desc, q, k, v, table })
+        .boxed()
+}
+
+fn convert<T: Element>(x: &[f32]) -> Vec<T> {
+    x.iter().map(|&v| T::from_f64(v as f64)).collect()
+}
+
+fn reference_decode<T: Element>(c: &RefCase) -> std::result::Result<(), TestCaseError> {
+    let mut desc = c.desc;
+    if desc.paged_kv.element == ElementKind::F32 {
+        desc.paged_kv.element = T::KIND;
+    }
+    let (indptr, indices, last_page_len) = &c.table;
+    let table = PageTable { indptr, indices, last_page_len };
+    let r = reference::decode::<T>(&desc, &convert(&c.q), &convert(&c.k), &convert(&c.v), table);
+    match &r {
+        Ok(out) => {
+            let b = desc.batch_size as usize;
+            let rows = b * desc.num_qo_heads as usize;
+            prop_assert_eq!(out.lse.len(), rows);
+            prop_assert_eq!(out.o.len(), rows * desc.paged_kv.head_dim as usize);
+        }
+        Err(Error::InvalidProblem(_) | Error::InvalidPageTable(_)) => {}
+        Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+    }
+    Ok(())
+}
+
+fn reference_append<T: Element>(c: &RefCase) -> std::result::Result<(), TestCaseError> {
+    let mut kv = c.desc.paged_kv;
+    if kv.element == ElementKind::F32 {
+        kv.element = T::KIND;
+    }
+    let desc = PagedKvAppendDescriptor { batch_size: c.desc.batch_size, paged_kv: kv };
+    let (indptr, indices, last_page_len) = &c.table;
+    let table = PageTable { indptr, indices, last_page_len };
+    // Key and value rows are [batch, Hkv, d]; reuse q's data, truncated or as is.
+    let rows = len_for(&[c.desc.batch_size, kv.num_kv_heads, kv.head_dim], true, 0);
+    let key: Vec<T> = convert(&c.q[..rows.min(c.q.len())]);
+    let (mut k, mut v) = (convert::<T>(&c.k), convert::<T>(&c.v));
+    let (k0, v0) = (k.clone(), v.clone());
+    let r = reference::append::<T>(&desc, &key, &key, &mut k, &mut v, table);
+    match &r {
+        Ok(()) => {}
+        Err(Error::InvalidProblem(_) | Error::InvalidPageTable(_)) => {
+            let same =
+                |a: &[T], b: &[T]| a.iter().zip(b).all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+            prop_assert!(same(&k, &k0) && same(&v, &v0), "store modified on error");
+        }
+        Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn decode_descriptor_never_panics(
+        desc in decode_desc(),
+        props in device_props(),
+        max_ws in workspace_limit(),
+    ) {
+        decode_descriptor_case::<f16>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<bf16>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<f32>(&desc, &props, max_ws)?;
+    }
+
+    #[test]
+    fn append_descriptor_never_panics(desc in append_desc()) {
+        append_descriptor_case::<f16>(&desc)?;
+        append_descriptor_case::<bf16>(&desc)?;
+        append_descriptor_case::<f32>(&desc)?;
+    }
+
+    #[test]
+    fn decode_layout_never_panics((desc, args) in decode_args()) {
+        let r = BatchPagedDecodePlan::<f16>::check_layout(&desc, &args);
+        prop_assert!(matches!(r, Ok(()) | Err(Error::InvalidProblem(_))), "{r:?}");
+        if r.is_ok() {
+            prop_assert!(args.q.storage_len >= args.q.numel());
+            prop_assert!(args.k_data.storage_len >= args.k_data.numel());
+            prop_assert!(args.o.is_contiguous() && args.lse.is_contiguous());
+            prop_assert!(args.indices.shape[0] >= 0);
+        }
+        let r = BatchPagedDecodePlan::<f32>::check_layout(&desc, &args);
+        prop_assert!(matches!(r, Ok(()) | Err(Error::InvalidProblem(_))), "{r:?}");
+    }
+
+    #[test]
+    fn append_layout_never_panics((desc, args) in append_args()) {
+        let r = PagedKvAppendPlan::<bf16>::check_layout(&desc, &args);
+        prop_assert!(matches!(r, Ok(()) | Err(Error::InvalidProblem(_))), "{r:?}");
+        if r.is_ok() {
+            prop_assert!(args.key.is_contiguous() && args.v_data.storage_len >= args.v_data.numel());
+        }
+    }
+
+    #[test]
+    fn contiguous_layouts_never_panic(
+        (s1, s2, s3, s4) in (
+            prop::array::uniform::<_, 1>(extent()),
+            prop::array::uniform::<_, 2>(extent()),
+            prop::array::uniform::<_, 3>(extent()),
+            prop::array::uniform::<_, 4>(extent()),
+        ),
+    ) {
+        fn same<const N: usize>(shape: [i32; N]) -> std::result::Result<(), TestCaseError> {
+            let t = TensorLayout::contiguous(shape);
+            prop_assert_eq!(t, contiguous(shape));
+            prop_assert_eq!(t.numel() <= t.storage_len, true);
+            Ok(())
+        }
+        same(s1)?;
+        same(s2)?;
+        same(s3)?;
+        same(s4)?;
+    }
+
+    #[test]
+    fn args_layout_constructors_never_panic(desc in decode_desc(), n in extent()) {
+        prop_assert_eq!(BatchPagedDecodeArgsLayout::contiguous(&desc, n), decode_contiguous(&desc, n));
+        let append = PagedKvAppendDescriptor { batch_size: desc.batch_size, paged_kv: desc.paged_kv };
+        prop_assert_eq!(PagedKvAppendArgsLayout::contiguous(&append, n), append_contiguous(&append, n));
+    }
+
+    #[test]
+    fn page_table_validation_never_panics(
+        kv in kv_desc(),
+        batch in 0..6usize,
+        (indptr, indices, last) in (small_ints(7), small_ints(10), small_ints(6)),
+        shared in any::<bool>(),
+    ) {
+        let table = PageTable { indptr: &indptr, indices: &indices, last_page_len: &last };
+        let r = validate_page_table(&kv, batch, table, PageTableRules { allow_shared_pages: shared });
+        let typed = matches!(r, Ok(()) | Err(Error::InvalidPageTable(_) | Error::InvalidProblem(_)));
+        prop_assert!(typed, "{r:?}");
+    }
+
+    #[test]
+    fn reference_decode_never_panics(c in ref_case()) {
+        reference_decode::<f32>(&c)?;
+        reference_decode::<f16>(&c)?;
+    }
+
+    #[test]
+    fn reference_append_never_panics(c in ref_case()) {
+        reference_append::<f32>(&c)?;
+        reference_append::<bf16>(&c)?;
+    }
+}
+
+/// An empty batch puts no bound on `num_qo_heads` or `head_dim` through the slice lengths.
+#[test]
+fn reference_decode_empty_batch_with_huge_heads() {
+    let desc = BatchPagedDecodeDescriptor {
+        batch_size: 0,
+        num_qo_heads: i32::MAX,
+        sm_scale: 1.0,
+        paged_kv: PagedKvCacheDescriptor {
+            page_size: 16,
+            num_total_pages: 0,
+            num_kv_heads: 1,
+            head_dim: i32::MAX,
+            element: ElementKind::F32,
+        },
+    };
+    let table = PageTable { indptr: &[0], indices: &[], last_page_len: &[] };
+    let r = reference::decode::<f32>(&desc, &[], &[], &[], table);
+    assert!(matches!(r, Ok(_) | Err(Error::InvalidProblem(_))), "{r:?}");
+}
+
+#[test]
+fn contiguous_layout_of_huge_shape() {
+    let t = TensorLayout::contiguous([i32::MAX; 4]);
+    assert_eq!(t.storage_len, usize::MAX);
+    assert!(t.numel() <= t.storage_len);
+}

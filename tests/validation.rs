@@ -1,0 +1,549 @@
+//! Host-side validation without a GPU: every descriptor and layout check, the launch-configuration
+//! rules, and opening a device on a machine without a driver.
+
+use half::{bf16, f16};
+use paged_decode::device::{DeviceProps, driver_available};
+use paged_decode::plan::{DecodeConfig, MAX_SPLITS};
+use paged_decode::{
+    BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, Element,
+    ElementKind, Error, PagedKvAppendArgsLayout, PagedKvAppendDescriptor, PagedKvAppendPlan,
+    PagedKvCacheDescriptor, Result, TensorLayout,
+};
+
+type F16Decode = BatchPagedDecodePlan<f16>;
+type F16Append = PagedKvAppendPlan<f16>;
+
+const H200: DeviceProps = DeviceProps {
+    sm_count: 132,
+    compute_capability: (9, 0),
+    smem_per_sm: 233472,
+    smem_per_block_optin: 232448,
+};
+
+fn kv(element: ElementKind, page_size: i32, pages: i32, hkv: i32, d: i32) -> PagedKvCacheDescriptor {
+    PagedKvCacheDescriptor { page_size, num_total_pages: pages, num_kv_heads: hkv, head_dim: d, element }
+}
+
+fn decode_desc(element: ElementKind, b: i32, hq: i32, hkv: i32, d: i32) -> BatchPagedDecodeDescriptor {
+    BatchPagedDecodeDescriptor {
+        batch_size: b,
+        num_qo_heads: hq,
+        sm_scale: 1.0 / (d.max(1) as f32).sqrt(),
+        paged_kv: kv(element, 16, 32, hkv, d),
+    }
+}
+
+fn append_desc(element: ElementKind, b: i32, hkv: i32, d: i32) -> PagedKvAppendDescriptor {
+    PagedKvAppendDescriptor { batch_size: b, paged_kv: kv(element, 16, 32, hkv, d) }
+}
+
+/// A small valid f16 decode problem (b 3, Hq 8, Hkv 2, d 64, 32 pages of 16) with 10 page ids.
+fn decode_case() -> (BatchPagedDecodeDescriptor, BatchPagedDecodeArgsLayout) {
+    let desc = decode_desc(ElementKind::F16, 3, 8, 2, 64);
+    (desc, BatchPagedDecodeArgsLayout::contiguous(&desc, 10))
+}
+
+fn append_case() -> (PagedKvAppendDescriptor, PagedKvAppendArgsLayout) {
+    let desc = append_desc(ElementKind::F16, 3, 2, 64);
+    (desc, PagedKvAppendArgsLayout::contiguous(&desc, 10))
+}
+
+/// Asserts `r` is `InvalidProblem` and its message contains every one of `parts`.
+#[track_caller]
+fn expect_invalid(r: Result<()>, parts: &[&str]) {
+    match r {
+        Err(Error::InvalidProblem(msg)) => {
+            for p in parts {
+                assert!(msg.contains(p), "message {msg:?} does not mention {p:?}");
+            }
+        }
+        other => panic!("expected InvalidProblem mentioning {parts:?}, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn expect_unsupported(r: Result<()>, parts: &[&str]) {
+    match r {
+        Err(Error::Unsupported(msg)) => {
+            for p in parts {
+                assert!(msg.contains(p), "message {msg:?} does not mention {p:?}");
+            }
+        }
+        other => panic!("expected Unsupported mentioning {parts:?}, got {other:?}"),
+    }
+}
+
+/// A layout of the same shape whose storage is one element short.
+fn short<const N: usize>(t: TensorLayout<N>) -> TensorLayout<N> {
+    TensorLayout { storage_len: t.numel() - 1, ..t }
+}
+
+/// The same shape with its first two axes' strides swapped (a transposed view).
+fn permuted<const N: usize>(t: TensorLayout<N>) -> TensorLayout<N> {
+    let mut stride = t.stride;
+    stride.swap(0, 1);
+    TensorLayout { stride, ..t }
+}
+
+/// The same shape broadcast along its first axis (stride 0).
+fn broadcast<const N: usize>(t: TensorLayout<N>) -> TensorLayout<N> {
+    let mut stride = t.stride;
+    stride[0] = 0;
+    TensorLayout { stride, ..t }
+}
+
+fn with_shape<const N: usize>(shape: [i32; N]) -> TensorLayout<N> {
+    TensorLayout::contiguous(shape)
+}
+
+// ---- decode descriptor ----
+
+#[test]
+fn valid_descriptors_pass() {
+    fn all<T: Element>() {
+        for d in [64, 128, 256] {
+            let desc = decode_desc(T::KIND, 4, 32, 8, d);
+            BatchPagedDecodePlan::<T>::check_descriptor(&desc).unwrap();
+            BatchPagedDecodePlan::<T>::check_layout(&desc, &BatchPagedDecodeArgsLayout::contiguous(&desc, 7))
+                .unwrap();
+            let desc = append_desc(T::KIND, 4, 8, d);
+            PagedKvAppendPlan::<T>::check_descriptor(&desc).unwrap();
+            PagedKvAppendPlan::<T>::check_layout(&desc, &PagedKvAppendArgsLayout::contiguous(&desc, 7))
+                .unwrap();
+        }
+    }
+    all::<f16>();
+    all::<bf16>();
+    all::<f32>();
+}
+
+#[test]
+fn every_integer_group_size_is_accepted() {
+    fn all<T: Element>() {
+        for d in [64, 128, 256] {
+            for hkv in [1, 2, 8] {
+                for group in 1..=64 {
+                    let desc = decode_desc(T::KIND, 2, group * hkv, hkv, d);
+                    BatchPagedDecodePlan::<T>::check_descriptor(&desc)
+                        .unwrap_or_else(|e| panic!("group {group}, Hkv {hkv}, d {d}: {e}"));
+                    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX)
+                        .unwrap_or_else(|e| panic!("group {group}, Hkv {hkv}, d {d}: {e}"));
+                    assert!((1..=MAX_SPLITS).contains(&cfg.num_splits));
+                }
+            }
+        }
+    }
+    all::<f16>();
+    all::<bf16>();
+    all::<f32>();
+}
+
+#[test]
+fn large_batches_are_accepted() {
+    for b in [1, 1023, 1024, 1025, 4096, 65535, 65536, 1 << 20] {
+        let desc = decode_desc(ElementKind::F16, b, 32, 8, 128);
+        F16Decode::check_descriptor(&desc).unwrap_or_else(|e| panic!("batch {b}: {e}"));
+        F16Decode::check_layout(&desc, &BatchPagedDecodeArgsLayout::contiguous(&desc, b)).unwrap();
+        DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        let desc = append_desc(ElementKind::F16, b, 8, 128);
+        F16Append::check_descriptor(&desc).unwrap_or_else(|e| panic!("batch {b}: {e}"));
+        F16Append::check_layout(&desc, &PagedKvAppendArgsLayout::contiguous(&desc, b)).unwrap();
+    }
+}
+
+#[test]
+fn unsupported_head_dims() {
+    for d in [1, 32, 80, 96, 160, 192, 255, 257, 512, 1024] {
+        let name = format!("head_dim {d}");
+        expect_unsupported(F16Decode::check_descriptor(&decode_desc(ElementKind::F16, 2, 8, 2, d)), &[&name]);
+        expect_unsupported(
+            BatchPagedDecodePlan::<f32>::check_descriptor(&decode_desc(ElementKind::F32, 2, 8, 2, d)),
+            &[&name],
+        );
+        expect_unsupported(F16Append::check_descriptor(&append_desc(ElementKind::F16, 2, 2, d)), &[&name]);
+    }
+}
+
+#[test]
+fn non_float_elements_are_rejected() {
+    for element in [ElementKind::I32, ElementKind::U8] {
+        let name = format!("{element:?}");
+        for r in [
+            F16Decode::check_descriptor(&decode_desc(element, 2, 8, 2, 64)),
+            BatchPagedDecodePlan::<f32>::check_descriptor(&decode_desc(element, 2, 8, 2, 64)),
+            F16Append::check_descriptor(&append_desc(element, 2, 2, 64)),
+        ] {
+            match r {
+                Err(Error::Unsupported(msg) | Error::InvalidProblem(msg)) => {
+                    assert!(msg.contains(&name), "message {msg:?} does not mention {name}")
+                }
+                other => panic!("expected a rejection of {element:?}, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn element_must_match_plan_type() {
+    for element in [ElementKind::F16, ElementKind::F32] {
+        let name = format!("{element:?}");
+        let parts = [name.as_str(), "BF16", "does not match"];
+        expect_invalid(
+            BatchPagedDecodePlan::<bf16>::check_descriptor(&decode_desc(element, 2, 8, 2, 64)),
+            &parts,
+        );
+        expect_invalid(PagedKvAppendPlan::<bf16>::check_descriptor(&append_desc(element, 2, 2, 64)), &parts);
+    }
+    expect_invalid(
+        BatchPagedDecodePlan::<f32>::check_descriptor(&decode_desc(ElementKind::F16, 2, 8, 2, 64)),
+        &["F16", "F32", "does not match"],
+    );
+    expect_invalid(F16Append::check_descriptor(&append_desc(ElementKind::F32, 2, 2, 64)), &["F32", "F16"]);
+}
+
+#[test]
+fn group_must_be_an_integer() {
+    for (hq, hkv) in [(12, 8), (3, 2), (1, 2), (7, 4), (64, 48)] {
+        expect_invalid(
+            F16Decode::check_descriptor(&decode_desc(ElementKind::F16, 2, hq, hkv, 128)),
+            &[&format!("num_qo_heads ({hq})"), &format!("num_kv_heads ({hkv})"), "multiple"],
+        );
+    }
+}
+
+#[test]
+fn non_positive_extents_are_rejected() {
+    type Setter = fn(&mut BatchPagedDecodeDescriptor, i32);
+    let fields: [(&str, Setter); 6] = [
+        ("batch_size", |d, v| d.batch_size = v),
+        ("num_qo_heads", |d, v| d.num_qo_heads = v),
+        ("page_size", |d, v| d.paged_kv.page_size = v),
+        ("num_total_pages", |d, v| d.paged_kv.num_total_pages = v),
+        ("num_kv_heads", |d, v| d.paged_kv.num_kv_heads = v),
+        ("head_dim", |d, v| d.paged_kv.head_dim = v),
+    ];
+    for (name, set) in fields {
+        for v in [0, -1, -64, i32::MIN] {
+            let (mut desc, _) = decode_case();
+            set(&mut desc, v);
+            let parts = [name, "must be positive", &format!("got {v}")];
+            expect_invalid(F16Decode::check_descriptor(&desc), &parts);
+            if name != "num_qo_heads" {
+                let a = PagedKvAppendDescriptor { batch_size: desc.batch_size, paged_kv: desc.paged_kv };
+                expect_invalid(F16Append::check_descriptor(&a), &parts);
+            }
+        }
+    }
+}
+
+#[test]
+fn sm_scale_must_be_finite() {
+    for s in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let (mut desc, _) = decode_case();
+        desc.sm_scale = s;
+        expect_invalid(F16Decode::check_descriptor(&desc), &["sm_scale", "finite", &format!("{s}")]);
+    }
+}
+
+#[test]
+fn grid_and_size_limits() {
+    // Hkv × head blocks above the grid's y limit.
+    expect_unsupported(
+        F16Decode::check_descriptor(&decode_desc(ElementKind::F16, 1, 65536, 65536, 64)),
+        &["65536", "65535"],
+    );
+    F16Decode::check_descriptor(&decode_desc(ElementKind::F16, 1, 65535, 65535, 64)).unwrap();
+    expect_unsupported(F16Append::check_descriptor(&append_desc(ElementKind::F16, 1, 65536, 64)), &["65535"]);
+    // batch × Hq too large for the split workspace's row indices.
+    expect_unsupported(
+        F16Decode::check_descriptor(&decode_desc(ElementKind::F16, i32::MAX, 1, 1, 64)),
+        &["batch_size × num_qo_heads"],
+    );
+    // A store whose byte size overflows the address space.
+    let huge = kv(ElementKind::F16, i32::MAX, i32::MAX, 1 << 16, 256);
+    let desc =
+        BatchPagedDecodeDescriptor { batch_size: 1, num_qo_heads: 1 << 16, sm_scale: 1.0, paged_kv: huge };
+    expect_invalid(F16Decode::check_descriptor(&desc), &["K/V store", "overflows"]);
+    expect_invalid(
+        F16Append::check_descriptor(&PagedKvAppendDescriptor { batch_size: 1, paged_kv: huge }),
+        &["K/V store", "overflows"],
+    );
+}
+
+// ---- decode layouts ----
+
+#[test]
+fn decode_wrong_shapes() {
+    let (desc, good) = decode_case();
+    F16Decode::check_layout(&desc, &good).unwrap();
+    let check = |args: BatchPagedDecodeArgsLayout, name: &str, meaning: &str| {
+        expect_invalid(F16Decode::check_layout(&desc, &args), &[&format!("{name}: shape"), meaning]);
+    };
+    let row = "[batch_size, num_qo_heads, head_dim] = [3, 8, 64]";
+    let store = "[num_total_pages, num_kv_heads, page_size, head_dim] = [32, 2, 16, 64]";
+    check(BatchPagedDecodeArgsLayout { q: with_shape([3, 8, 128]), ..good }, "q", row);
+    check(BatchPagedDecodeArgsLayout { q: with_shape([4, 8, 64]), ..good }, "q", row);
+    check(BatchPagedDecodeArgsLayout { q: with_shape([3, 2, 64]), ..good }, "q", row);
+    check(BatchPagedDecodeArgsLayout { k_data: with_shape([32, 2, 64, 16]), ..good }, "k_data", store);
+    check(BatchPagedDecodeArgsLayout { k_data: with_shape([31, 2, 16, 64]), ..good }, "k_data", store);
+    check(BatchPagedDecodeArgsLayout { v_data: with_shape([32, 8, 16, 64]), ..good }, "v_data", store);
+    check(BatchPagedDecodeArgsLayout { v_data: with_shape([32, 2, 16, 65]), ..good }, "v_data", store);
+    check(BatchPagedDecodeArgsLayout { indptr: with_shape([3]), ..good }, "indptr", "[batch_size + 1] = [4]");
+    check(BatchPagedDecodeArgsLayout { indptr: with_shape([5]), ..good }, "indptr", "[batch_size + 1] = [4]");
+    check(
+        BatchPagedDecodeArgsLayout { last_page_len: with_shape([4]), ..good },
+        "last_page_len",
+        "[batch_size] = [3]",
+    );
+    check(BatchPagedDecodeArgsLayout { o: with_shape([3, 8, 63]), ..good }, "o", row);
+    check(BatchPagedDecodeArgsLayout { o: with_shape([3, 64, 8]), ..good }, "o", row);
+    check(
+        BatchPagedDecodeArgsLayout { lse: with_shape([8, 3]), ..good },
+        "lse",
+        "[batch_size, num_qo_heads] = [3, 8]",
+    );
+    check(
+        BatchPagedDecodeArgsLayout { lse: with_shape([3, 1]), ..good },
+        "lse",
+        "[batch_size, num_qo_heads]",
+    );
+    // Any non-negative number of page ids is a valid indices shape, including none.
+    for n in [0, 1, 1000] {
+        F16Decode::check_layout(&desc, &BatchPagedDecodeArgsLayout { indices: with_shape([n]), ..good })
+            .unwrap();
+    }
+    for n in [-1, i32::MIN] {
+        let args = BatchPagedDecodeArgsLayout { indices: with_shape([n]), ..good };
+        expect_invalid(F16Decode::check_layout(&desc, &args), &["indices", &format!("extent {n}"), "≥ 0"]);
+    }
+}
+
+#[test]
+fn decode_non_contiguous_views() {
+    let (desc, good) = decode_case();
+    type Edit = fn(&mut BatchPagedDecodeArgsLayout, bool);
+    let tensors: [(&str, Edit); 8] = [
+        ("q", |a, p| a.q = if p { permuted(a.q) } else { broadcast(a.q) }),
+        ("k_data", |a, p| a.k_data = if p { permuted(a.k_data) } else { broadcast(a.k_data) }),
+        ("v_data", |a, p| a.v_data = if p { permuted(a.v_data) } else { broadcast(a.v_data) }),
+        ("indices", |a, p| a.indices.stride = [if p { 2 } else { 0 }]),
+        ("indptr", |a, p| a.indptr.stride = [if p { -1 } else { 0 }]),
+        ("last_page_len", |a, p| a.last_page_len.stride = [if p { 3 } else { 0 }]),
+        ("o", |a, p| a.o = if p { permuted(a.o) } else { broadcast(a.o) }),
+        ("lse", |a, p| a.lse = if p { permuted(a.lse) } else { broadcast(a.lse) }),
+    ];
+    for (name, edit) in tensors {
+        for permute in [true, false] {
+            let mut args = good;
+            edit(&mut args, permute);
+            expect_invalid(
+                F16Decode::check_layout(&desc, &args),
+                &[&format!("{name}: strides"), "not contiguous"],
+            );
+        }
+    }
+    // A row-major stride of an inner axis, padded (e.g. a slice of a wider tensor).
+    let mut args = good;
+    args.q.stride = [8 * 128, 128, 1];
+    args.q.storage_len = 3 * 8 * 128;
+    expect_invalid(F16Decode::check_layout(&desc, &args), &["q: strides", "[1024, 128, 1]"]);
+}
+
+#[test]
+fn decode_storage_too_small() {
+    let (desc, good) = decode_case();
+    let cases = [
+        ("q", BatchPagedDecodeArgsLayout { q: short(good.q), ..good }, good.q.numel()),
+        ("k_data", BatchPagedDecodeArgsLayout { k_data: short(good.k_data), ..good }, good.k_data.numel()),
+        ("v_data", BatchPagedDecodeArgsLayout { v_data: short(good.v_data), ..good }, good.v_data.numel()),
+        ("indices", BatchPagedDecodeArgsLayout { indices: short(good.indices), ..good }, 10),
+        ("indptr", BatchPagedDecodeArgsLayout { indptr: short(good.indptr), ..good }, 4),
+        ("last_page_len", BatchPagedDecodeArgsLayout { last_page_len: short(good.last_page_len), ..good }, 3),
+        ("o", BatchPagedDecodeArgsLayout { o: short(good.o), ..good }, good.o.numel()),
+        ("lse", BatchPagedDecodeArgsLayout { lse: short(good.lse), ..good }, 24),
+    ];
+    for (name, args, needed) in cases {
+        expect_invalid(
+            F16Decode::check_layout(&desc, &args),
+            &[&format!("{name}: storage holds {}", needed - 1), &format!("needs {needed}")],
+        );
+    }
+    // Larger storage than the shape needs is fine (a prefix of a bigger buffer).
+    let mut args = good;
+    args.k_data.storage_len += 1000;
+    args.lse.storage_len = usize::MAX;
+    F16Decode::check_layout(&desc, &args).unwrap();
+}
+
+// ---- append layouts ----
+
+#[test]
+fn append_wrong_shapes() {
+    let (desc, good) = append_case();
+    F16Append::check_layout(&desc, &good).unwrap();
+    let check = |args: PagedKvAppendArgsLayout, name: &str, meaning: &str| {
+        expect_invalid(F16Append::check_layout(&desc, &args), &[&format!("{name}: shape"), meaning]);
+    };
+    let row = "[batch_size, num_kv_heads, head_dim] = [3, 2, 64]";
+    let store = "[num_total_pages, num_kv_heads, page_size, head_dim] = [32, 2, 16, 64]";
+    check(PagedKvAppendArgsLayout { key: with_shape([3, 4, 64]), ..good }, "key", row);
+    check(PagedKvAppendArgsLayout { key: with_shape([2, 2, 64]), ..good }, "key", row);
+    check(PagedKvAppendArgsLayout { value: with_shape([3, 2, 128]), ..good }, "value", row);
+    check(PagedKvAppendArgsLayout { k_data: with_shape([32, 16, 2, 64]), ..good }, "k_data", store);
+    check(PagedKvAppendArgsLayout { v_data: with_shape([33, 2, 16, 64]), ..good }, "v_data", store);
+    check(PagedKvAppendArgsLayout { indptr: with_shape([3]), ..good }, "indptr", "[batch_size + 1] = [4]");
+    check(
+        PagedKvAppendArgsLayout { last_page_len: with_shape([0]), ..good },
+        "last_page_len",
+        "[batch_size] = [3]",
+    );
+    for n in [-1, -100, i32::MIN] {
+        let args = PagedKvAppendArgsLayout { indices: with_shape([n]), ..good };
+        expect_invalid(F16Append::check_layout(&desc, &args), &["indices", &format!("extent {n}")]);
+    }
+    F16Append::check_layout(&desc, &PagedKvAppendArgsLayout { indices: with_shape([0]), ..good }).unwrap();
+}
+
+#[test]
+fn append_non_contiguous_views() {
+    let (desc, good) = append_case();
+    type Edit = fn(&mut PagedKvAppendArgsLayout, bool);
+    let tensors: [(&str, Edit); 7] = [
+        ("key", |a, p| a.key = if p { permuted(a.key) } else { broadcast(a.key) }),
+        ("value", |a, p| a.value = if p { permuted(a.value) } else { broadcast(a.value) }),
+        ("k_data", |a, p| a.k_data = if p { permuted(a.k_data) } else { broadcast(a.k_data) }),
+        ("v_data", |a, p| a.v_data = if p { permuted(a.v_data) } else { broadcast(a.v_data) }),
+        ("indices", |a, p| a.indices.stride = [if p { 2 } else { 0 }]),
+        ("indptr", |a, p| a.indptr.stride = [if p { -1 } else { 0 }]),
+        ("last_page_len", |a, p| a.last_page_len.stride = [if p { 3 } else { 0 }]),
+    ];
+    for (name, edit) in tensors {
+        for permute in [true, false] {
+            let mut args = good;
+            edit(&mut args, permute);
+            expect_invalid(
+                F16Append::check_layout(&desc, &args),
+                &[&format!("{name}: strides"), "not contiguous"],
+            );
+        }
+    }
+}
+
+#[test]
+fn append_storage_too_small() {
+    let (desc, good) = append_case();
+    let cases = [
+        ("key", PagedKvAppendArgsLayout { key: short(good.key), ..good }, 384),
+        ("value", PagedKvAppendArgsLayout { value: short(good.value), ..good }, 384),
+        ("k_data", PagedKvAppendArgsLayout { k_data: short(good.k_data), ..good }, good.k_data.numel()),
+        ("v_data", PagedKvAppendArgsLayout { v_data: short(good.v_data), ..good }, good.v_data.numel()),
+        ("indices", PagedKvAppendArgsLayout { indices: short(good.indices), ..good }, 10),
+        ("indptr", PagedKvAppendArgsLayout { indptr: short(good.indptr), ..good }, 4),
+        ("last_page_len", PagedKvAppendArgsLayout { last_page_len: short(good.last_page_len), ..good }, 3),
+    ];
+    for (name, args, needed) in cases {
+        expect_invalid(
+            F16Append::check_layout(&desc, &args),
+            &[&format!("{name}: storage holds {}", needed - 1), &format!("needs {needed}")],
+        );
+    }
+}
+
+#[test]
+fn append_batch_at_i32_max_is_rejected_without_panicking() {
+    // indptr would need 2^31 entries, which no i32 extent can describe.
+    let desc = append_desc(ElementKind::F16, i32::MAX, 1, 64);
+    let args = PagedKvAppendArgsLayout::contiguous(&desc, 0);
+    let r = F16Append::check_descriptor(&desc).and_then(|()| F16Append::check_layout(&desc, &args));
+    assert!(matches!(r, Err(Error::InvalidProblem(_) | Error::Unsupported(_))), "{r:?}");
+}
+
+#[test]
+fn decode_layout_at_batch_i32_max_does_not_panic() {
+    let desc = decode_desc(ElementKind::F16, i32::MAX, 1, 1, 64);
+    let args = BatchPagedDecodeArgsLayout::contiguous(&desc, 0);
+    assert!(F16Decode::check_layout(&desc, &args).is_err());
+}
+
+// ---- launch configuration ----
+
+#[test]
+fn large_batch_needs_no_split() {
+    for element in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
+        for d in [64, 128, 256] {
+            let desc = decode_desc(element, 256, 64, 8, d);
+            let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+            assert_eq!(cfg.num_splits, 1, "{element:?} d {d}: {cfg:?}");
+            assert_eq!(cfg.workspace_size(&desc), 0);
+        }
+    }
+}
+
+#[test]
+fn batch_one_is_split() {
+    for element in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
+        for d in [64, 128, 256] {
+            let desc = decode_desc(element, 1, 32, 8, d);
+            let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+            assert!(cfg.num_splits > 1 && cfg.num_splits <= MAX_SPLITS, "{element:?} d {d}: {cfg:?}");
+            let ws = cfg.workspace_size(&desc);
+            // Partial O (f32) and partial lse of every split.
+            let rows = cfg.num_splits as usize * 32;
+            assert!(ws >= rows * d as usize * 4 + rows * 4, "{ws}");
+        }
+    }
+}
+
+#[test]
+fn workspace_limit_is_respected() {
+    for element in [ElementKind::F16, ElementKind::F32] {
+        let desc = decode_desc(element, 1, 32, 8, 128);
+        let cfg = DecodeConfig::choose(&desc, &H200, 0).unwrap();
+        assert_eq!(cfg.num_splits, 1, "{cfg:?}");
+        assert_eq!(cfg.workspace_size(&desc), 0);
+        let full = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        for limit in [1, 1000, full.workspace_size(&desc) / 2, full.workspace_size(&desc) - 1] {
+            let cfg = DecodeConfig::choose(&desc, &H200, limit).unwrap();
+            assert!(cfg.workspace_size(&desc) <= limit, "limit {limit}: {cfg:?}");
+            assert!(cfg.num_splits < full.num_splits);
+        }
+        let cfg = DecodeConfig::choose(&desc, &H200, full.workspace_size(&desc)).unwrap();
+        assert_eq!(cfg, full);
+    }
+}
+
+#[test]
+fn kernel_follows_element_type() {
+    use paged_decode::plan::DecodeKernel;
+    for (element, kernel) in [
+        (ElementKind::F16, DecodeKernel::Mma),
+        (ElementKind::BF16, DecodeKernel::Mma),
+        (ElementKind::F32, DecodeKernel::Simt),
+    ] {
+        let cfg = DecodeConfig::choose(&decode_desc(element, 8, 32, 8, 128), &H200, usize::MAX).unwrap();
+        assert_eq!(cfg.kernel, kernel);
+    }
+}
+
+#[test]
+fn shared_memory_limit_is_unsupported() {
+    let small = DeviceProps { smem_per_block_optin: 48 * 1024, ..H200 };
+    let desc = decode_desc(ElementKind::F16, 2, 8, 2, 256);
+    match DecodeConfig::choose(&desc, &small, usize::MAX) {
+        Err(Error::Unsupported(msg)) => {
+            assert!(msg.contains("shared memory") && msg.contains("head_dim 256"))
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+// ---- device ----
+
+#[test]
+fn open_without_driver_is_no_device() {
+    if driver_available() {
+        return;
+    }
+    assert!(matches!(Device::open(0), Err(Error::NoDevice)));
+    assert!(matches!(Device::open(7), Err(Error::NoDevice)));
+}
