@@ -161,7 +161,7 @@ pub fn bench_shape<T: Element>(
         for b in [0, spec.batch() / 2, spec.batch() - 1] {
             let r = host.reference_request(b)?;
             let err = rel_l2(o[b * row..(b + 1) * row].iter().map(|x| x.to_f64()), &r.o);
-            if !(err <= tol) {
+            if err.is_nan() || err > tol {
                 return Err(Error::InvalidProblem(format!(
                     "{}: request {b} differs from the reference (rel err {err:.2e})",
                     shape.name

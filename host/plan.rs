@@ -264,7 +264,9 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
         }
         expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
-        expect_layout("indptr", &args.indptr, [b + 1], "[batch_size + 1]")?;
+        let b1 =
+            b.checked_add(1).ok_or_else(|| invalid("batch_size + 1 (the length of indptr) overflows i32"))?;
+        expect_layout("indptr", &args.indptr, [b1], "[batch_size + 1]")?;
         expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
         expect_layout("o", &args.o, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
         expect_layout("lse", &args.lse, [b, hq], "[batch_size, num_qo_heads]")?;
@@ -629,6 +631,9 @@ impl<T: Element> PagedKvAppendPlan<T> {
         }
         check_paged_kv(&desc.paged_kv)?;
         positive("batch_size", desc.batch_size)?;
+        if desc.batch_size == i32::MAX {
+            return Err(invalid("batch_size + 1 (the length of indptr) overflows i32"));
+        }
         if desc.paged_kv.num_kv_heads > 65535 {
             return Err(Error::Unsupported("num_kv_heads above 65535".into()));
         }
@@ -649,7 +654,9 @@ impl<T: Element> PagedKvAppendPlan<T> {
             return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
         }
         expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
-        expect_layout("indptr", &args.indptr, [b + 1], "[batch_size + 1]")?;
+        let b1 =
+            b.checked_add(1).ok_or_else(|| invalid("batch_size + 1 (the length of indptr) overflows i32"))?;
+        expect_layout("indptr", &args.indptr, [b1], "[batch_size + 1]")?;
         expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
         Ok(())
     }
@@ -785,10 +792,11 @@ fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {
     if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
         return Err(Error::Unsupported(format!("element type {:?}", kv.element)));
     }
-    let store =
-        kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128 * kv.head_dim as u128;
-    if store * kv.element.size_bytes() as u128 > isize::MAX as u128 {
-        return Err(invalid("the paged K/V store's size overflows the address space"));
+    let rows = kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128;
+    if rows > u32::MAX as u128 {
+        return Err(Error::Unsupported(format!(
+            "the paged K/V store has {rows} rows (pages × kv_heads × page_size); at most 2^32 - 1 are supported"
+        )));
     }
     Ok(())
 }
@@ -826,7 +834,7 @@ fn expect_layout<const N: usize>(
 }
 
 fn aligned(name: &'static str, ptr: u64, required: usize) -> Result<()> {
-    if ptr % required as u64 != 0 {
+    if !ptr.is_multiple_of(required as u64) {
         return Err(Error::MisalignedOperand { operand: name, required });
     }
     Ok(())

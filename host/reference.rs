@@ -158,6 +158,9 @@ pub fn decode<T: Element>(
     check_len("q", q.len(), q_len, "[batch_size, num_qo_heads, head_dim]")?;
     validate_page_table(&desc.paged_kv, batch, table, PageTableRules { allow_shared_pages: true })?;
 
+    if batch == 0 {
+        return Ok(DecodeOutput { o: Vec::new(), lse: Vec::new() });
+    }
     let group = qo_heads / g.kv_heads;
     let scale = f64::from(desc.sm_scale);
     let mut o = vec![0.0; q_len];

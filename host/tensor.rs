@@ -18,7 +18,7 @@ impl<const N: usize> TensorLayout<N> {
     /// A contiguous row-major layout of `shape` over exactly enough storage.
     pub fn contiguous(shape: [i32; N]) -> Self {
         let stride = row_major_strides(shape);
-        let storage_len = shape.iter().map(|&d| d.max(0) as usize).product();
+        let storage_len = shape.iter().fold(1usize, |acc, &d| acc.saturating_mul(d.max(0) as usize));
         Self { shape, stride, storage_len }
     }
 

@@ -113,7 +113,7 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
     while e < q_tiles * 16 * cpr {
         let (r, c) = (e / cpr, e % cpr);
         let v = if r < heads {
-            let off = ((b * p.num_qo_heads + first_qo_head + r) * D + c * 8) as usize;
+            let off = (b * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
             unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
         } else {
             [0; 4]
