@@ -4,7 +4,9 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 
 use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
@@ -17,7 +19,7 @@ pub const SUPPORTED_HEAD_DIMS: [i32; 3] = [64, 128, 256];
 /// Upper bound on KV splits per request.
 pub const MAX_SPLITS: u32 = 64;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
-const WAVE_EFFICIENCY: f64 = 0.85;
+const WAVE_EFFICIENCY: f64 = 0.95;
 
 unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
 unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
@@ -206,8 +208,9 @@ pub struct BatchPagedDecodePlan<T: Element> {
     pref: PlanPreference,
     arch: ArchSku,
     decode_fn: CudaFunction,
-    merge_fn: CudaFunction,
     check_fn: CudaFunction,
+    /// Split-KV arrival counters (one per CTA of a split), reset by the kernel after each use.
+    counters: Option<CudaSlice<u32>>,
     _t: PhantomData<T>,
 }
 
@@ -310,13 +313,20 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             DecodeKernel::Simt => format!("decode_simt_{suffix}_d{d}"),
         };
         let arch = if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 };
+        let counters = if config.num_splits > 1 {
+            let ctas =
+                desc.batch_size as usize * desc.paged_kv.num_kv_heads as usize * config.head_blocks as usize;
+            Some(stream.alloc_zeros::<u32>(ctas)?)
+        } else {
+            None
+        };
         Ok(Self {
+            counters,
             desc: *desc,
             config,
             pref,
             arch,
             decode_fn: device::function(ctx, &decode_name, config.smem_bytes)?,
-            merge_fn: device::function(ctx, &format!("merge_{suffix}_d{d}"), 0)?,
             check_fn: device::function(ctx, "check_page_table", 0)?,
             _t: PhantomData,
         })
@@ -368,9 +378,13 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         }
     }
 
-    /// Launches the decode on `stream`. Never allocates or synchronizes (graph-capturable),
-    /// except with [`PlanPreference::checked`], which first validates the page table on the
-    /// device and waits for the verdict.
+    /// Launches the decode on `stream`: one kernel launch. Never allocates or synchronizes
+    /// (graph-capturable), except with [`PlanPreference::checked`], which first validates the
+    /// page table on the device and waits for the verdict.
+    ///
+    /// When requests are split (`workspace_size() > 0`), the plan's split counters make runs of
+    /// one plan stream-ordered: do not run the same plan concurrently on two streams (select one
+    /// plan per stream instead).
     ///
     /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
     /// the output is unspecified but every access stays inside the given tensors.
@@ -400,6 +414,13 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         for (name, ptr) in [("q", q), ("k_data", k), ("v_data", v), ("o", o)] {
             aligned(name, ptr, 16)?;
         }
+        let (counters, _c) = match &self.counters {
+            Some(c) => {
+                let (ptr, guard) = c.device_ptr(stream);
+                (ptr, Some(guard))
+            }
+            None => (0, None),
+        };
         let (partial_o, partial_lse, _w) = match workspace {
             Workspace::Borrowed(ws) if needed > 0 => {
                 let (base, guard) = ws.device_ptr_mut(stream);
@@ -420,6 +441,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             lse,
             partial_o,
             partial_lse,
+            counters,
             batch: self.desc.batch_size as u32,
             num_qo_heads: self.desc.num_qo_heads as u32,
             num_kv_heads: kv.num_kv_heads as u32,
@@ -443,16 +465,6 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
         // descriptor, and the workspace holds `workspace_size()` bytes.
         unsafe { stream.launch_builder(&self.decode_fn).arg(&p).launch(cfg)? };
-        if self.config.num_splits > 1 {
-            let rows = self.desc.batch_size as u32 * self.desc.num_qo_heads as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(params::DECODE_THREADS / 32), 1, 1),
-                block_dim: (params::DECODE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: as above; the merge reads the partials the decode launch wrote.
-            unsafe { stream.launch_builder(&self.merge_fn).arg(&p).launch(cfg)? };
-        }
         Ok(())
     }
 

@@ -15,8 +15,9 @@
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles and the tile's 16-token blocks between them; their
 //!   partial (m, l, O) are combined through shared memory at the end.
-//! - With `num_splits > 1` each CTA writes a partial (O, lse) to the workspace and
-//!   [`merge_splits`] combines them; with 1 split the CTA writes `o` and `lse` directly.
+//! - With `num_splits > 1` each CTA writes a partial (O, lse) to the workspace and the last CTA
+//!   of its (request, KV head, head block) to finish combines them ([`finish_split`]); with 1
+//!   split the CTA writes `o` and `lse` directly. One launch either way.
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
@@ -75,9 +76,18 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 
 /// Tensor-core decode for 16-bit elements; `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
 /// columns) per warp,
-/// `TILE` tokens per pipeline stage, `Q_IN_REGS` keeps the query fragments in registers.
+/// `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage, `Q_IN_REGS` keeps the
+/// query fragments in registers.
 #[inline(always)]
-pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: usize, const TILE: u32, const Q_IN_REGS: bool>(
+pub unsafe fn decode_mma<
+    T: MmaElem,
+    const D: u32,
+    const QK: usize,
+    const DN: usize,
+    const VPL: usize,
+    const TILE: u32,
+    const Q_IN_REGS: bool,
+>(
     p: &DecodeParams,
 ) {
     const { assert!(QK as u32 * 16 == D && DN as u32 * 8 * decode_d_parts(D) == D) };
@@ -330,6 +340,38 @@ pub unsafe fn decode_mma<T: MmaElem, const D: u32, const QK: usize, const DN: us
         unsafe { write_row_quad::<T>(p, split, qo, D, d4, [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv], lse) };
         e += DECODE_THREADS;
     }
+    unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + first_qo_head) as usize, heads) };
+}
+
+/// Split-KV epilogue: after every CTA of a (request, KV head, head block) has written its
+/// partials, the last one to arrive (counted in `p.counters`, which it resets to 0 for the next
+/// launch) combines all splits of its `heads` rows starting at row `first_row`. The splits are
+/// combined in index order whichever CTA is last, so the result is deterministic.
+#[inline(always)]
+unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, first_row: usize, heads: u32) {
+    if p.num_splits == 1 {
+        return;
+    }
+    let (b, y, _) = block_idx();
+    let counter = unsafe { (p.counters as *mut u32).add((b * grid_dim_y() + y) as usize) };
+    fence_acq_rel_gpu();
+    sync_threads();
+    let mut last = false;
+    if thread_idx() == 0 {
+        last = unsafe { atomic_add_acq_rel_u32(counter, 1) } == p.num_splits - 1;
+    }
+    if !sync_threads_or(last) {
+        return;
+    }
+    if thread_idx() == 0 {
+        unsafe { *counter = 0 };
+    }
+    fence_acq_rel_gpu();
+    let mut h = thread_idx() / 32;
+    while h < heads {
+        unsafe { merge_row::<T, D, VPL>(p, first_row + h as usize) };
+        h += WARPS;
+    }
 }
 
 /// Writes 4 consecutive outputs of row `qo` (and its lse, from the `d4 == 0` thread): to `o`/`lse`
@@ -413,6 +455,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize>(p: &DecodePar
         }
         head += WARPS;
     }
+    unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + kv_head * group) as usize, group) };
 }
 
 #[inline(always)]
@@ -439,21 +482,22 @@ unsafe fn write_row_pair<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_
     }
 }
 
-/// Combines the `num_splits` (≤ 64) partial (O, lse) of each (request, query head): one warp
-/// per row. Lanes read the split lse values in parallel; the weighted sum of the partial rows
-/// runs four splits at a time, in split order (deterministic).
+/// Combines the `num_splits` (≤ 64) partials (O, lse) of output row `row` (request × query
+/// head) with one warp: lanes read the split lse values in parallel; the weighted sum of the
+/// partial rows runs four splits at a time, in split order. Partials written by other CTAs of
+/// this launch are read through L2 (`ld.global.cg`).
 #[inline(always)]
-pub unsafe fn merge_splits<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams) {
+unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, row: usize) {
     const BATCH: u32 = 4;
     let lane = thread_idx() % 32;
-    let rows = p.batch * p.num_qo_heads;
-    let row = block_idx().0 * WARPS + thread_idx() / 32;
-    if row >= rows {
-        return;
-    }
+    let rows = p.batch as usize * p.num_qo_heads as usize;
     let splits = p.num_splits;
     let lse_of = |s: u32| {
-        if s < splits { unsafe { *(p.partial_lse as *const f32).add((s * rows + row) as usize) } } else { f32::NEG_INFINITY }
+        if s < splits {
+            unsafe { ld_cg_f32((p.partial_lse as *const f32).add(s as usize * rows + row)) }
+        } else {
+            f32::NEG_INFINITY
+        }
     };
     let (lse_lo, lse_hi) = (lse_of(lane), lse_of(lane + 32));
     let m = warp_max(fmax(lse_lo, lse_hi));
@@ -471,9 +515,9 @@ pub unsafe fn merge_splits<T: Elem, const D: u32, const VPL: usize>(p: &DecodePa
             let from_hi = shfl_idx(w_hi, s % 32);
             w[u] = if s < 32 { from_lo } else { from_hi };
             if s < splits && w[u] > 0.0 {
-                let src = unsafe { (p.partial_o as *const f32).add((s * rows + row) as usize * D as usize + col) };
+                let src = unsafe { (p.partial_o as *const f32).add((s as usize * rows + row) * D as usize + col) };
                 for i in 0..VPL {
-                    v[u][i] = unsafe { *src.add(i) };
+                    v[u][i] = unsafe { ld_cg_f32(src.add(i)) };
                 }
             }
         }
@@ -485,12 +529,12 @@ pub unsafe fn merge_splits<T: Elem, const D: u32, const VPL: usize>(p: &DecodePa
         s0 += BATCH;
     }
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-    let out = unsafe { (p.o as *mut T).add(row as usize * D as usize + col) };
+    let out = unsafe { (p.o as *mut T).add(row * D as usize + col) };
     for i in 0..VPL {
         unsafe { *out.add(i) = T::from_f32(acc[i] * inv) };
     }
     if lane == 0 {
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
-        unsafe { *(p.lse as *mut f32).add(row as usize) = lse };
+        unsafe { *(p.lse as *mut f32).add(row) = lse };
     }
 }

@@ -219,6 +219,47 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `fence.acq_rel.gpu`: orders this thread's memory accesses at device scope.
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
+/// `atom.acq_rel.gpu.global.add.u32`, returning the old value.
+#[inline(always)]
+pub unsafe fn atomic_add_acq_rel_u32(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p, v = in(reg32) v,
+             options(nostack))
+    };
+    old
+}
+
+/// Barrier that also returns whether `pred` held in any thread of the CTA.
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+             x = in(reg32) pred as u32, r = out(reg32) r, options(nostack))
+    };
+    r != 0
+}
+
+/// f32 load cached in L2 only (sees other CTAs' writes ordered by a fence).
+#[inline(always)]
+pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
+    let v: u32;
+    unsafe { asm!("ld.global.cg.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack)) };
+    f32::from_bits(v)
+}
+
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+
 /// Pulls the line holding `p` into L2.
 #[inline(always)]
 pub unsafe fn prefetch_l2(p: *const u8) {

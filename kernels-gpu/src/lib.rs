@@ -33,6 +33,7 @@ macro_rules! decode_mma_entry {
                     $d,
                     { $d / 16 },
                     { $d / 8 / decode_d_parts($d) as usize },
+                    { $d / 32 },
                     { decode_tile_tokens($d) },
                     $q_in_regs,
                 >(&p)
@@ -58,24 +59,6 @@ macro_rules! decode_simt_entry {
 decode_simt_entry!(decode_simt_f32_d64, f32, 64);
 decode_simt_entry!(decode_simt_f32_d128, f32, 128);
 decode_simt_entry!(decode_simt_f32_d256, f32, 256);
-
-macro_rules! merge_entry {
-    ($name:ident, $t:ty, $d:literal) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
-            unsafe { decode::merge_splits::<$t, $d, { $d / 32 }>(&p) }
-        }
-    };
-}
-merge_entry!(merge_f16_d64, F16, 64);
-merge_entry!(merge_f16_d128, F16, 128);
-merge_entry!(merge_f16_d256, F16, 256);
-merge_entry!(merge_bf16_d64, BF16, 64);
-merge_entry!(merge_bf16_d128, BF16, 128);
-merge_entry!(merge_bf16_d256, BF16, 256);
-merge_entry!(merge_f32_d64, f32, 64);
-merge_entry!(merge_f32_d128, f32, 128);
-merge_entry!(merge_f32_d256, f32, 256);
 
 macro_rules! append_entry {
     ($name:ident, $t:ty) => {

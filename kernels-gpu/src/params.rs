@@ -25,6 +25,9 @@ pub struct DecodeParams {
     pub partial_o: u64,
     /// Split-KV partial log-sum-exps `[num_splits, batch, num_qo_heads]` f32 (workspace).
     pub partial_lse: u64,
+    /// Split-KV arrival counters, one u32 per CTA of a split (`batch × gridDim.y`), zero between
+    /// launches (the last CTA resets its counter).
+    pub counters: u64,
     pub batch: u32,
     pub num_qo_heads: u32,
     pub num_kv_heads: u32,
