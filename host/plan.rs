@@ -19,7 +19,7 @@ pub const SUPPORTED_HEAD_DIMS: [i32; 3] = [64, 128, 256];
 /// Upper bound on KV splits per request.
 pub const MAX_SPLITS: u32 = 64;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
-const WAVE_EFFICIENCY: f64 = 0.95;
+const WAVE_EFFICIENCY: f64 = 0.85;
 
 unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
 unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
@@ -308,9 +308,10 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             ElementKind::BF16 => "bf16",
             _ => "f32",
         };
+        let split = if config.num_splits > 1 { "split_" } else { "" };
         let decode_name = match config.kernel {
-            DecodeKernel::Mma => format!("decode_mma_{suffix}_d{d}"),
-            DecodeKernel::Simt => format!("decode_simt_{suffix}_d{d}"),
+            DecodeKernel::Mma => format!("decode_mma_{split}{suffix}_d{d}"),
+            DecodeKernel::Simt => format!("decode_simt_{split}{suffix}_d{d}"),
         };
         let arch = if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 };
         let counters = if config.num_splits > 1 {

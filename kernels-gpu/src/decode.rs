@@ -27,8 +27,6 @@ use crate::params::{DECODE_STAGES, DECODE_THREADS, DecodeParams, decode_d_parts,
 
 const WARPS: u32 = DECODE_THREADS / 32;
 const STAGES: u32 = DECODE_STAGES;
-/// K/V rows each thread copies per tile (`TILE · D/8` 16-byte chunks over 128 threads).
-const ROWS_PER_THREAD: usize = 8;
 // One thread per tile row resolves page lookups.
 const _: () = assert!(DECODE_THREADS >= crate::params::decode_tile_tokens(64));
 
@@ -77,7 +75,8 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 /// Tensor-core decode for 16-bit elements; `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
 /// columns) per warp,
 /// `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage, `Q_IN_REGS` keeps the
-/// query fragments in registers.
+/// query fragments in registers, `SPLIT` selects the split-KV epilogue (partials + merge) over
+/// writing `o` and `lse` directly.
 #[inline(always)]
 pub unsafe fn decode_mma<
     T: MmaElem,
@@ -87,11 +86,13 @@ pub unsafe fn decode_mma<
     const VPL: usize,
     const TILE: u32,
     const Q_IN_REGS: bool,
+    const SPLIT: bool,
 >(
     p: &DecodeParams,
 ) {
     const { assert!(QK as u32 * 16 == D && DN as u32 * 8 * decode_d_parts(D) == D) };
-    const { assert!(TILE * D / 8 == ROWS_PER_THREAD as u32 * DECODE_THREADS) };
+    const { assert!((TILE * D / 8) % DECODE_THREADS == 0) };
+    let rows_per_thread = TILE * D / 8 / DECODE_THREADS;
     let heads_per_cta = decode_heads_per_cta(D);
     let d_parts = decode_d_parts(D);
     let tid = thread_idx();
@@ -152,8 +153,8 @@ pub unsafe fn decode_mma<
         let k_dst = kv_smem + (tile % STAGES) * 2 * tile_bytes;
         let v_dst = k_dst + tile_bytes;
         let slot = ring + (tile % STAGES) * TILE * 4;
-        for i in 0..ROWS_PER_THREAD {
-            let r = first_row + i as u32 * row_step;
+        for i in 0..rows_per_thread {
+            let r = first_row + i * row_step;
             let row = unsafe { ld_shared_u32(slot + r * 4) };
             let valid = row != u32::MAX;
             let off = if valid { row as usize * D as usize + (c * 8) as usize } else { 0 };
@@ -281,27 +282,29 @@ pub unsafe fn decode_mma<
     cp_async_wait::<0>();
     sync_threads();
 
-    // Per-warp partials → shared (reusing the pipeline buffers): O[16][D] f32, then m[16], l[16].
+    // Per-warp partials → shared (reusing the pipeline buffers): O[16][DW] f32 of the warp's own
+    // DW = D / d_parts columns, then m[16], l[16].
     for r in 0..2 {
         l[r] += shfl_xor(l[r], 1);
         l[r] += shfl_xor(l[r], 2);
     }
-    let part_bytes = 16 * D * 4 + 2 * 16 * 4;
+    let dw = D / d_parts;
+    let part_bytes = 16 * dw * 4 + 2 * 16 * 4;
     let part = unsafe { smem_ptr().add((kv_smem - q_smem) as usize) };
     let my_part = unsafe { part.add((warp * part_bytes) as usize) } as *mut f32;
     for n in 0..DN {
         for i in 0..4 {
             let row = g + 8 * (i as u32 / 2);
-            let col = col0 + n as u32 * 8 + 2 * t4 + (i as u32 & 1);
-            unsafe { *my_part.add((row * D + col) as usize) = o[n][i] };
+            let col = n as u32 * 8 + 2 * t4 + (i as u32 & 1);
+            unsafe { *my_part.add((row * dw + col) as usize) = o[n][i] };
         }
     }
     if t4 == 0 {
         for r in 0..2 {
             let row = g + 8 * r as u32;
             unsafe {
-                *my_part.add((16 * D + row) as usize) = m[r];
-                *my_part.add((16 * D + 16 + row) as usize) = l[r];
+                *my_part.add((16 * dw + row) as usize) = m[r];
+                *my_part.add((16 * dw + 16 + row) as usize) = l[r];
             }
         }
     }
@@ -320,27 +323,29 @@ pub unsafe fn decode_mma<
         };
         let mut m_all = f32::NEG_INFINITY;
         for ph in 0..phases {
-            m_all = fmax(m_all, unsafe { *warp_part(ph).add((16 * D + r) as usize) });
+            m_all = fmax(m_all, unsafe { *warp_part(ph).add((16 * dw + r) as usize) });
         }
         let mut l_all = 0f32;
         let mut acc = [0f32; 4];
         if m_all != f32::NEG_INFINITY {
             for ph in 0..phases {
                 let wp = warp_part(ph);
-                let w = exp2(unsafe { *wp.add((16 * D + r) as usize) } - m_all);
-                l_all += w * unsafe { *wp.add((16 * D + 16 + r) as usize) };
+                let w = exp2(unsafe { *wp.add((16 * dw + r) as usize) } - m_all);
+                l_all += w * unsafe { *wp.add((16 * dw + 16 + r) as usize) };
                 for i in 0..4 {
-                    acc[i] += w * unsafe { *wp.add((r * D + d4 * 4 + i as u32) as usize) };
+                    acc[i] += w * unsafe { *wp.add((r * dw + d4 * 4 - dp * dw + i as u32) as usize) };
                 }
             }
         }
         let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
         let qo = (b * p.num_qo_heads + first_qo_head + row) as usize;
-        unsafe { write_row_quad::<T>(p, split, qo, D, d4, [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv], lse) };
+        unsafe { write_row_quad::<T, SPLIT>(p, split, qo, D, d4, [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv], lse) };
         e += DECODE_THREADS;
     }
-    unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + first_qo_head) as usize, heads) };
+    if SPLIT {
+        unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + first_qo_head) as usize, heads) };
+    }
 }
 
 /// Split-KV epilogue: after every CTA of a (request, KV head, head block) has written its
@@ -349,9 +354,6 @@ pub unsafe fn decode_mma<
 /// combined in index order whichever CTA is last, so the result is deterministic.
 #[inline(always)]
 unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, first_row: usize, heads: u32) {
-    if p.num_splits == 1 {
-        return;
-    }
     let (b, y, _) = block_idx();
     let counter = unsafe { (p.counters as *mut u32).add((b * grid_dim_y() + y) as usize) };
     fence_acq_rel_gpu();
@@ -377,11 +379,11 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams
 /// Writes 4 consecutive outputs of row `qo` (and its lse, from the `d4 == 0` thread): to `o`/`lse`
 /// without splitting, else to this split's slot of the workspace.
 #[inline(always)]
-unsafe fn write_row_quad<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, d4: u32, v: [f32; 4], lse: f32) {
+unsafe fn write_row_quad<T: Elem, const SPLIT: bool>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, d4: u32, v: [f32; 4], lse: f32) {
     let rows = p.batch as usize * p.num_qo_heads as usize;
     let col = (d4 * 4) as usize;
     unsafe {
-        if p.num_splits == 1 {
+        if !SPLIT {
             let out = (p.o as *mut T).add(qo * head_dim as usize + col);
             for i in 0..4 {
                 *out.add(i) = T::from_f32(v[i]);
@@ -405,7 +407,7 @@ unsafe fn write_row_quad<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_
 /// CUDA-core decode (any element type; used for f32): grid as [`decode_mma`] with one head block;
 /// warp `w` handles query heads `w, w + 4, …` of the group, lanes split `D` (`VPL` values each).
 #[inline(always)]
-pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams) {
+pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: bool>(p: &DecodeParams) {
     const { assert!(VPL as u32 * 32 == D) };
     let tid = thread_idx();
     let lane = tid % 32;
@@ -447,23 +449,25 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize>(p: &DecodePar
         for j in 0..VPL / 4 {
             let d4 = lane * (VPL as u32 / 4) + j as u32;
             let v = [o[4 * j] * inv, o[4 * j + 1] * inv, o[4 * j + 2] * inv, o[4 * j + 3] * inv];
-            unsafe { write_row_quad::<T>(p, split, qo, D, d4, v, lse) };
+            unsafe { write_row_quad::<T, SPLIT>(p, split, qo, D, d4, v, lse) };
         }
         if VPL < 4 {
             // D = 64: two values per lane; write them as a pair.
-            unsafe { write_row_pair::<T>(p, split, qo, D, lane, [o[0] * inv, o[VPL - 1] * inv], lse) };
+            unsafe { write_row_pair::<T, SPLIT>(p, split, qo, D, lane, [o[0] * inv, o[VPL - 1] * inv], lse) };
         }
         head += WARPS;
     }
-    unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + kv_head * group) as usize, group) };
+    if SPLIT {
+        unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + kv_head * group) as usize, group) };
+    }
 }
 
 #[inline(always)]
-unsafe fn write_row_pair<T: Elem>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, lane: u32, v: [f32; 2], lse: f32) {
+unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, lane: u32, v: [f32; 2], lse: f32) {
     let rows = p.batch as usize * p.num_qo_heads as usize;
     let col = (lane * 2) as usize;
     unsafe {
-        if p.num_splits == 1 {
+        if !SPLIT {
             let out = (p.o as *mut T).add(qo * head_dim as usize + col);
             *out = T::from_f32(v[0]);
             *out.add(1) = T::from_f32(v[1]);

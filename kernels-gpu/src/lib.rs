@@ -24,7 +24,7 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 }
 
 macro_rules! decode_mma_entry {
-    ($name:ident, $t:ty, $d:literal, $q_in_regs:literal) => {
+    ($name:ident, $t:ty, $d:literal, $q_in_regs:literal, $split:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
@@ -36,29 +36,39 @@ macro_rules! decode_mma_entry {
                     { $d / 32 },
                     { decode_tile_tokens($d) },
                     $q_in_regs,
+                    $split,
                 >(&p)
             }
         }
     };
 }
-decode_mma_entry!(decode_mma_f16_d64, F16, 64, true);
-decode_mma_entry!(decode_mma_f16_d128, F16, 128, true);
-decode_mma_entry!(decode_mma_f16_d256, F16, 256, false);
-decode_mma_entry!(decode_mma_bf16_d64, BF16, 64, true);
-decode_mma_entry!(decode_mma_bf16_d128, BF16, 128, true);
-decode_mma_entry!(decode_mma_bf16_d256, BF16, 256, false);
+decode_mma_entry!(decode_mma_f16_d64, F16, 64, true, false);
+decode_mma_entry!(decode_mma_split_f16_d64, F16, 64, true, true);
+decode_mma_entry!(decode_mma_f16_d128, F16, 128, true, false);
+decode_mma_entry!(decode_mma_split_f16_d128, F16, 128, true, true);
+decode_mma_entry!(decode_mma_f16_d256, F16, 256, false, false);
+decode_mma_entry!(decode_mma_split_f16_d256, F16, 256, false, true);
+decode_mma_entry!(decode_mma_bf16_d64, BF16, 64, true, false);
+decode_mma_entry!(decode_mma_split_bf16_d64, BF16, 64, true, true);
+decode_mma_entry!(decode_mma_bf16_d128, BF16, 128, true, false);
+decode_mma_entry!(decode_mma_split_bf16_d128, BF16, 128, true, true);
+decode_mma_entry!(decode_mma_bf16_d256, BF16, 256, false, false);
+decode_mma_entry!(decode_mma_split_bf16_d256, BF16, 256, false, true);
 
 macro_rules! decode_simt_entry {
-    ($name:ident, $t:ty, $d:literal) => {
+    ($name:ident, $t:ty, $d:literal, $split:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
-            unsafe { decode::decode_simt::<$t, $d, { $d / 32 }>(&p) }
+            unsafe { decode::decode_simt::<$t, $d, { $d / 32 }, $split>(&p) }
         }
     };
 }
-decode_simt_entry!(decode_simt_f32_d64, f32, 64);
-decode_simt_entry!(decode_simt_f32_d128, f32, 128);
-decode_simt_entry!(decode_simt_f32_d256, f32, 256);
+decode_simt_entry!(decode_simt_f32_d64, f32, 64, false);
+decode_simt_entry!(decode_simt_split_f32_d64, f32, 64, true);
+decode_simt_entry!(decode_simt_f32_d128, f32, 128, false);
+decode_simt_entry!(decode_simt_split_f32_d128, f32, 128, true);
+decode_simt_entry!(decode_simt_f32_d256, f32, 256, false);
+decode_simt_entry!(decode_simt_split_f32_d256, f32, 256, true);
 
 macro_rules! append_entry {
     ($name:ident, $t:ty) => {
