@@ -141,30 +141,26 @@ fn inspect(dump_ptx: bool) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     };
     println!("ptxas: {}", ptxas.display());
-    println!(
-        "{:<24} {:>6} {:>5} {:>7} {:>7} {:>7}   {:>5} {:>7} {:>7} {:>7}",
-        "entry", "sm_80", "regs", "smem", "stack", "spill", "sm_90", "regs", "smem", "stack"
-    );
     let r80 = ptxas::report(&ptxas, ptx::PTX, "sm_80")?;
     let r90 = ptxas::report(&ptxas, ptx::PTX, "sm_90")?;
+    println!("{:<28} | {:^26} | {:^26}", "", "sm_80", "sm_90");
+    println!(
+        "{:<28} | {:>5} {:>6} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>6}",
+        "entry", "regs", "smem", "stack", "spill", "regs", "smem", "stack", "spill"
+    );
     for e in &entries {
-        let a = r80.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
-        let b = r90.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
-        println!(
-            "{:<24} {:>6} {:>5} {:>7} {:>7} {:>7}   {:>5} {:>7} {:>7} {:>7}  spill {}",
-            e,
-            "",
-            a.registers,
-            a.shared_bytes,
-            a.stack_frame_bytes,
-            a.spill_store_bytes + a.spill_load_bytes,
-            "",
-            b.registers,
-            b.shared_bytes,
-            b.stack_frame_bytes,
-            b.spill_store_bytes + b.spill_load_bytes
-        );
+        let cols = |reports: &[ptxas::KernelReport]| {
+            let r = reports.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
+            format!(
+                "{:>5} {:>6} {:>6} {:>6}",
+                r.registers,
+                r.shared_bytes,
+                r.stack_frame_bytes,
+                r.spill_store_bytes + r.spill_load_bytes
+            )
+        };
+        println!("{e:<28} | {} | {}", cols(&r80), cols(&r90));
     }
-    println!("(shared memory of the decode kernels is dynamic: see params::decode_smem_bytes)");
+    println!("smem is static shared memory; the decode kernels' is dynamic (params::decode_smem_bytes)");
     Ok(())
 }
