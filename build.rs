@@ -38,7 +38,8 @@ fn build_kernels() -> String {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let target_dir =
         out_dir.ancestors().nth(4).map(|t| t.join("ptx-build")).unwrap_or_else(|| out_dir.join("ptx-build"));
-    let toolchain = Toolchain::ensure(TOOLCHAIN).unwrap_or_else(|e| fail(&e.to_string()));
+    let toolchain = Toolchain::ensure(TOOLCHAIN, |msg| println!("cargo::warning={msg}"))
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let build = PtxBuild { crate_dir: root.join("kernels-gpu"), target_dir, arch, ptx_isa: "ptx78".into() };
     build.build(&toolchain).unwrap_or_else(|e| fail(&e.to_string()))
 }

@@ -202,18 +202,7 @@ impl<T: Element> DeviceProblem<T> {
 
     /// Decode arguments viewing these buffers.
     pub fn args(&mut self) -> BatchPagedDecodeArgs<'_, T> {
-        let (b, hq, n, store) = self.shape;
-        let d = store[3];
-        BatchPagedDecodeArgs {
-            q: TensorRef::new(self.q.slice(..), [b, hq, d]),
-            k_data: TensorRef::new(self.k_data.slice(..), store),
-            v_data: TensorRef::new(self.v_data.slice(..), store),
-            indices: TensorRef::new(self.indices.slice(..), [n]),
-            indptr: TensorRef::new(self.indptr.slice(..), [b + 1]),
-            last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
-            o: TensorMut::new(self.o.slice_mut(..), [b, hq, d]),
-            lse: TensorMut::new(self.lse.slice_mut(..), [b, hq]),
-        }
+        self.args_and_workspace().0
     }
 
     /// Decode arguments and the workspace, borrowed together.

@@ -17,13 +17,16 @@ pub struct Toolchain {
 }
 
 impl Toolchain {
-    /// Finds `name`, installing it (with its components) through rustup when it is missing.
-    pub fn ensure(name: &str) -> Result<Self> {
+    /// Finds `name`, installing it (with its components) through rustup when it is missing;
+    /// `notify` hears what is being installed (a build script turns it into a cargo warning).
+    pub fn ensure(name: &str, notify: impl Fn(&str)) -> Result<Self> {
         if let Ok(tc) = Self::probe(name) {
             return Ok(tc);
         }
         let install = format!("rustup toolchain install {name} --profile minimal --component {COMPONENTS}");
-        eprintln!("ptx-builder: toolchain {name} or a component is missing; running `{install}`");
+        let msg = format!("toolchain {name} or a component is missing; running `{install}`");
+        eprintln!("ptx-builder: {msg}");
+        notify(&msg);
         let status = clean_command("rustup")
             .args(["toolchain", "install", name, "--profile", "minimal", "--component", COMPONENTS])
             .status();
