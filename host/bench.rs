@@ -18,20 +18,30 @@ use crate::{BatchPagedDecodePlan, Device, Element, PlanPreference};
 /// One row of the shape table.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Shape {
+    /// Shape name, used as the row label.
     pub name: String,
+    /// Number of requests.
     pub batch: usize,
+    /// K/V length of every request (used when `lens` is absent).
     #[serde(default)]
     pub kv_len: Option<usize>,
+    /// Per-request K/V lengths; takes precedence over `kv_len`.
     #[serde(default)]
     pub lens: Option<Vec<usize>>,
+    /// Query/output heads.
     pub hq: usize,
+    /// K/V heads.
     pub hkv: usize,
+    /// Head dimension.
     pub d: usize,
+    /// Tokens per page.
     pub page: usize,
+    /// Element type: `f16`, `bf16` or `f32`.
     pub dtype: String,
 }
 
 impl Shape {
+    /// The problem sizes of this row (per-request lengths from `lens`, else `kv_len`, else 0).
     pub fn spec(&self) -> ProblemSpec {
         let lens = match (&self.lens, self.kv_len) {
             (Some(l), _) => l.clone(),
@@ -45,26 +55,37 @@ impl Shape {
 /// One result row (the format `compare.py` reads).
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRow {
+    /// Shape name.
     pub name: String,
+    /// Median time of one `run` call, in microseconds.
     pub us: f64,
+    /// Achieved bandwidth in TB/s (bytes as counted by [`ProblemSpec::kv_bytes`]).
     pub tb_s: f64,
+    /// `tb_s` as a percentage of the measured read ceiling.
     pub pct_of_ceiling: f64,
+    /// KV splits the selected plan uses.
     pub num_splits: u32,
+    /// Largest relative L2 error of the checked requests, when checking was on.
     pub max_rel_err: Option<f64>,
 }
 
 /// Options of the `bench` subcommand.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
+    /// Path of the shape table (JSON).
     pub shapes: PathBuf,
+    /// Where to write the result rows as JSON.
     pub json: Option<PathBuf>,
+    /// Where to write the SVG plot.
     pub plot: Option<PathBuf>,
+    /// Compare some requests against the float64 reference before timing.
     pub check: bool,
 }
 
 /// Median time of one call.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
+    /// Microseconds.
     pub us: f64,
 }
 

@@ -18,7 +18,9 @@ pub fn driver_available() -> bool {
 /// per-slice event tracking off.
 #[derive(Debug, Clone)]
 pub struct Device {
+    /// The CUDA context of the GPU.
     pub ctx: Arc<CudaContext>,
+    /// The stream all work is issued on.
     pub stream: Arc<CudaStream>,
 }
 
@@ -46,13 +48,18 @@ impl Device {
 /// Properties the plans choose configurations from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceProps {
+    /// Number of streaming multiprocessors.
     pub sm_count: u32,
+    /// Compute capability as `(major, minor)`.
     pub compute_capability: (u32, u32),
+    /// Shared memory per SM, in bytes.
     pub smem_per_sm: u32,
+    /// Largest dynamic shared memory per block with opt-in, in bytes.
     pub smem_per_block_optin: u32,
 }
 
 impl DeviceProps {
+    /// Reads the properties of `ctx`'s device from the driver.
     pub fn query(ctx: &CudaContext) -> Result<Self> {
         let attr = |a| ctx.attribute(a).map(|v| v.max(0) as u32);
         Ok(Self {

@@ -14,10 +14,20 @@ pub enum Error {
     InvalidProblem(String),
     /// A tensor's device address is not aligned as the kernel needs.
     #[error("misaligned operand `{operand}`: address must be a multiple of {required} bytes")]
-    MisalignedOperand { operand: &'static str, required: usize },
+    MisalignedOperand {
+        /// Name of the misaligned argument.
+        operand: &'static str,
+        /// Required alignment, in bytes.
+        required: usize,
+    },
     /// The workspace given to `run` is missing or smaller than `workspace_size()`.
     #[error("workspace too small: needed {needed} bytes, got {got}")]
-    WorkspaceTooSmall { needed: usize, got: usize },
+    WorkspaceTooSmall {
+        /// Bytes the plan needs.
+        needed: usize,
+        /// Bytes the workspace provides.
+        got: usize,
+    },
     /// The page table (indptr / indices / last_page_len) breaks its contract.
     #[error("invalid page table: {0}")]
     InvalidPageTable(String),

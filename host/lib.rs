@@ -8,6 +8,8 @@
 //! Kernels are Rust (`kernels-gpu/`), compiled to PTX by rustc's NVPTX backend at build time and
 //! JIT-compiled by the CUDA driver at load time. See the README for the architecture.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod device;
 pub mod error;

@@ -32,6 +32,7 @@ pub struct BatchPagedDecodeArgs<'a, T> {
     pub q: TensorRef<'a, T, 3>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
     pub k_data: TensorRef<'a, T, 4>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
     pub v_data: TensorRef<'a, T, 4>,
     /// `[total_used_pages]`: page ids of all requests, concatenated.
     pub indices: TensorRef<'a, i32, 1>,
@@ -48,17 +49,26 @@ pub struct BatchPagedDecodeArgs<'a, T> {
 /// The shapes, strides and storage sizes of [`BatchPagedDecodeArgs`] (checkable without a GPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchPagedDecodeArgsLayout {
+    /// Layout of `q`.
     pub q: TensorLayout<3>,
+    /// Layout of `k_data`.
     pub k_data: TensorLayout<4>,
+    /// Layout of `v_data`.
     pub v_data: TensorLayout<4>,
+    /// Layout of `indices`.
     pub indices: TensorLayout<1>,
+    /// Layout of `indptr`.
     pub indptr: TensorLayout<1>,
+    /// Layout of `last_page_len`.
     pub last_page_len: TensorLayout<1>,
+    /// Layout of `o`.
     pub o: TensorLayout<3>,
+    /// Layout of `lse`.
     pub lse: TensorLayout<2>,
 }
 
 impl<T> BatchPagedDecodeArgs<'_, T> {
+    /// The data-free layouts of these arguments.
     pub fn layout(&self) -> BatchPagedDecodeArgsLayout {
         BatchPagedDecodeArgsLayout {
             q: self.q.layout(),
@@ -105,6 +115,7 @@ pub enum DecodeKernel {
 /// which live on the device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeConfig {
+    /// Which decode kernel is launched.
     pub kernel: DecodeKernel,
     /// CTAs per (request, KV head) along the query heads of the group.
     pub head_blocks: u32,
@@ -353,6 +364,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         self.config.workspace_size(&self.desc)
     }
 
+    /// Identity of the selected kernel.
     pub fn sku(&self) -> KernelSku {
         KernelSku {
             category: OpCategory::Attention,
@@ -367,6 +379,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         }
     }
 
+    /// What this plan promises about its numbers.
     pub fn precision_guarantee(&self) -> PrecisionGuarantee {
         PrecisionGuarantee {
             math_precision: match self.config.kernel {
@@ -565,26 +578,39 @@ pub struct PagedKvAppendArgs<'a, T> {
     pub key: TensorRef<'a, T, 3>,
     /// `[batch, num_kv_heads, head_dim]`: the new token's values.
     pub value: TensorRef<'a, T, 3>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the key store written to.
     pub k_data: TensorMut<'a, T, 4>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the value store written to.
     pub v_data: TensorMut<'a, T, 4>,
+    /// `[total_used_pages]`: page ids of all requests, concatenated (including the new token's page).
     pub indices: TensorRef<'a, i32, 1>,
+    /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
     pub indptr: TensorRef<'a, i32, 1>,
+    /// `[batch]`: tokens in each request's last page, counting the new token (so at least 1).
     pub last_page_len: TensorRef<'a, i32, 1>,
 }
 
 /// Layouts of [`PagedKvAppendArgs`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedKvAppendArgsLayout {
+    /// Layout of `key`.
     pub key: TensorLayout<3>,
+    /// Layout of `value`.
     pub value: TensorLayout<3>,
+    /// Layout of `k_data`.
     pub k_data: TensorLayout<4>,
+    /// Layout of `v_data`.
     pub v_data: TensorLayout<4>,
+    /// Layout of `indices`.
     pub indices: TensorLayout<1>,
+    /// Layout of `indptr`.
     pub indptr: TensorLayout<1>,
+    /// Layout of `last_page_len`.
     pub last_page_len: TensorLayout<1>,
 }
 
 impl<T> PagedKvAppendArgs<'_, T> {
+    /// The data-free layouts of these arguments.
     pub fn layout(&self) -> PagedKvAppendArgsLayout {
         PagedKvAppendArgsLayout {
             key: self.key.layout(),
@@ -674,6 +700,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
         Ok(())
     }
 
+    /// Validates `desc` and loads the append kernel for `stream`'s device.
     pub fn select(
         stream: &Arc<CudaStream>,
         desc: &PagedKvAppendDescriptor,
@@ -700,6 +727,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
         })
     }
 
+    /// Checks the arguments against the plan's descriptor.
     pub fn can_implement(&self, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
         Self::check_layout(&self.desc, &args.layout())
     }
@@ -709,6 +737,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
         0
     }
 
+    /// Identity of the selected kernel.
     pub fn sku(&self) -> KernelSku {
         KernelSku {
             category: OpCategory::KvCache,
@@ -723,6 +752,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
         }
     }
 
+    /// What this plan promises about its numbers (exact copies).
     pub fn precision_guarantee(&self) -> PrecisionGuarantee {
         PrecisionGuarantee {
             math_precision: MathPrecision::Exact,

@@ -16,9 +16,11 @@ use crate::types::*;
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
+    /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -45,16 +47,23 @@ impl Rng {
 /// Sizes of a decode problem; lengths are per request, pages are allocated in random order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProblemSpec {
+    /// K/V length of each request; its length is the batch size.
     pub lens: Vec<usize>,
+    /// Query/output heads.
     pub num_qo_heads: usize,
+    /// K/V heads.
     pub num_kv_heads: usize,
+    /// Head dimension.
     pub head_dim: usize,
+    /// Tokens per page.
     pub page_size: usize,
+    /// Scale applied to `q·k` before the softmax.
     pub sm_scale: f32,
     /// Multiplies the random queries: larger values give peakier softmaxes.
     pub q_scale: f64,
     /// Unused pages added to the store (so page ids are not dense).
     pub spare_pages: usize,
+    /// Seed of the random data and page permutation.
     pub seed: u64,
 }
 
@@ -74,6 +83,7 @@ impl ProblemSpec {
         }
     }
 
+    /// Number of requests.
     pub fn batch(&self) -> usize {
         self.lens.len()
     }
@@ -89,13 +99,21 @@ impl ProblemSpec {
 /// A decode problem in host memory.
 #[derive(Debug, Clone)]
 pub struct HostProblem<T> {
+    /// The sizes this problem was generated from.
     pub spec: ProblemSpec,
+    /// The matching decode descriptor.
     pub desc: BatchPagedDecodeDescriptor,
+    /// `[batch, num_qo_heads, head_dim]` queries.
     pub q: Vec<T>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` key store.
     pub k_data: Vec<T>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` value store.
     pub v_data: Vec<T>,
+    /// Page ids of all requests, concatenated.
     pub indices: Vec<i32>,
+    /// `[batch + 1]` offsets into `indices`.
     pub indptr: Vec<i32>,
+    /// `[batch]` tokens used in each request's last page.
     pub last_page_len: Vec<i32>,
 }
 
@@ -139,6 +157,7 @@ impl<T: Element> HostProblem<T> {
         Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len }
     }
 
+    /// The page table borrowed from this problem.
     pub fn page_table(&self) -> PageTable<'_> {
         PageTable { indptr: &self.indptr, indices: &self.indices, last_page_len: &self.last_page_len }
     }
@@ -167,14 +186,23 @@ fn random_vec<T: Element>(rng: &mut Rng, n: usize) -> Vec<T> {
 /// Device copies of a [`HostProblem`] plus outputs and a workspace.
 #[derive(Debug)]
 pub struct DeviceProblem<T> {
+    /// Queries.
     pub q: CudaSlice<T>,
+    /// Key store.
     pub k_data: CudaSlice<T>,
+    /// Value store.
     pub v_data: CudaSlice<T>,
+    /// Page ids (at least one element, so the slice has an address).
     pub indices: CudaSlice<i32>,
+    /// Offsets into `indices`.
     pub indptr: CudaSlice<i32>,
+    /// Tokens used in each request's last page.
     pub last_page_len: CudaSlice<i32>,
+    /// Output rows, `[batch, num_qo_heads, head_dim]`.
     pub o: CudaSlice<T>,
+    /// Base-2 log-sum-exp per row, `[batch, num_qo_heads]`.
     pub lse: CudaSlice<f32>,
+    /// Workspace bytes (at least one).
     pub workspace: CudaSlice<u8>,
     shape: (i32, i32, i32, [i32; 4]),
 }

@@ -8,12 +8,19 @@ use std::process::Command;
 /// One entry point's resources for one architecture.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelReport {
+    /// Entry-point name.
     pub entry: String,
+    /// Target architecture, e.g. `sm_90`.
     pub arch: String,
+    /// Registers per thread.
     pub registers: u32,
+    /// Static shared memory, in bytes.
     pub shared_bytes: u32,
+    /// Stack frame, in bytes.
     pub stack_frame_bytes: u32,
+    /// Spill stores, in bytes.
     pub spill_store_bytes: u32,
+    /// Spill loads, in bytes.
     pub spill_load_bytes: u32,
 }
 

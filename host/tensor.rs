@@ -7,6 +7,7 @@ use cudarc::driver::{CudaView, CudaViewMut};
 /// Validation works on layouts, so it runs (and is tested) without a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorLayout<const N: usize> {
+    /// Extent of each dimension.
     pub shape: [i32; N],
     /// Strides in elements; 0 means broadcast.
     pub stride: [i64; N],
@@ -36,16 +37,22 @@ impl<const N: usize> TensorLayout<N> {
 /// Read-only device tensor view.
 #[derive(Debug)]
 pub struct TensorRef<'a, T, const N: usize> {
+    /// The device memory viewed.
     pub data: CudaView<'a, T>,
+    /// Extent of each dimension.
     pub shape: [i32; N],
+    /// Strides in elements; 0 means broadcast.
     pub stride: [i64; N],
 }
 
 /// Mutable device tensor view.
 #[derive(Debug)]
 pub struct TensorMut<'a, T, const N: usize> {
+    /// The device memory viewed.
     pub data: CudaViewMut<'a, T>,
+    /// Extent of each dimension.
     pub shape: [i32; N],
+    /// Strides in elements; 0 means broadcast.
     pub stride: [i64; N],
 }
 
@@ -54,12 +61,15 @@ impl<'a, T, const N: usize> TensorRef<'a, T, N> {
     pub fn new(data: CudaView<'a, T>, shape: [i32; N]) -> Self {
         Self { data, shape, stride: row_major_strides(shape) }
     }
+    /// Number of elements (0 if any extent is non-positive).
     pub fn numel(&self) -> usize {
         numel(self.shape)
     }
+    /// Row-major with no gaps; a zero stride (broadcast) is not contiguous.
     pub fn is_contiguous(&self) -> bool {
         is_contiguous(self.shape, self.stride)
     }
+    /// Shape, strides and storage length of this view, without the data.
     pub fn layout(&self) -> TensorLayout<N> {
         TensorLayout { shape: self.shape, stride: self.stride, storage_len: self.data.len() }
     }
@@ -70,12 +80,15 @@ impl<'a, T, const N: usize> TensorMut<'a, T, N> {
     pub fn new(data: CudaViewMut<'a, T>, shape: [i32; N]) -> Self {
         Self { data, shape, stride: row_major_strides(shape) }
     }
+    /// Number of elements (0 if any extent is non-positive).
     pub fn numel(&self) -> usize {
         numel(self.shape)
     }
+    /// Row-major with no gaps; a zero stride (broadcast) is not contiguous.
     pub fn is_contiguous(&self) -> bool {
         is_contiguous(self.shape, self.stride)
     }
+    /// Shape, strides and storage length of this view, without the data.
     pub fn layout(&self) -> TensorLayout<N> {
         TensorLayout { shape: self.shape, stride: self.stride, storage_len: self.data.len() }
     }
@@ -121,6 +134,7 @@ impl Workspace<'_> {
             Workspace::Borrowed(v) => v.len(),
         }
     }
+    /// True when no bytes are available.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -5,10 +5,15 @@ use half::{bf16, f16};
 /// Element types of Q, K, V and O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElementKind {
+    /// IEEE 754 half precision.
     F16,
+    /// bfloat16.
     BF16,
+    /// IEEE 754 single precision.
     F32,
+    /// 32-bit signed integer.
     I32,
+    /// 8-bit unsigned integer.
     U8,
 }
 
@@ -91,7 +96,9 @@ pub enum BackendKind {
 /// Broad kernel family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpCategory {
+    /// Attention kernels.
     Attention,
+    /// K/V cache maintenance kernels.
     KvCache,
 }
 
@@ -134,6 +141,7 @@ pub enum MathPrecision {
 /// What a plan promises about its numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PrecisionGuarantee {
+    /// Precision of the inner products.
     pub math_precision: MathPrecision,
     /// Accumulator type of the softmax and of `P·V`.
     pub accumulator: ElementKind,
@@ -146,15 +154,23 @@ pub struct PrecisionGuarantee {
 /// Identity of the kernel a plan selected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelSku {
+    /// Broad kernel family.
     pub category: OpCategory,
+    /// Operation the kernel performs.
     pub op: AttentionKind,
+    /// Type of Q, K, V and O.
     pub element: ElementKind,
     /// Type of the auxiliary output (`lse`: f32) or of the page table (i32).
     pub aux_element: ElementKind,
+    /// Layout of the paged K/V store.
     pub layout: KvLayout,
+    /// What is computed after the attention.
     pub epilogue: Epilogue,
+    /// Architecture the kernel was selected for.
     pub arch: ArchSku,
+    /// Who implements the kernel.
     pub backend: BackendKind,
+    /// What the kernel promises about its numbers.
     pub precision_guarantee: PrecisionGuarantee,
 }
 
@@ -186,24 +202,32 @@ pub struct PagedKvCacheDescriptor {
     pub page_size: i32,
     /// Pages in `k_data` / `v_data`.
     pub num_total_pages: i32,
+    /// K/V heads.
     pub num_kv_heads: i32,
+    /// Head dimension.
     pub head_dim: i32,
+    /// Element type of K and V.
     pub element: ElementKind,
 }
 
 /// A batched decode problem.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BatchPagedDecodeDescriptor {
+    /// Number of requests (one query row each).
     pub batch_size: i32,
+    /// Query/output heads; a multiple of `paged_kv.num_kv_heads`.
     pub num_qo_heads: i32,
     /// Scale applied to `q·k` before the softmax (commonly `1/sqrt(head_dim)`).
     pub sm_scale: f32,
+    /// Geometry of the K/V store read.
     pub paged_kv: PagedKvCacheDescriptor,
 }
 
 /// Appending one token per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedKvAppendDescriptor {
+    /// Number of requests (one token each).
     pub batch_size: i32,
+    /// Geometry of the K/V store written.
     pub paged_kv: PagedKvCacheDescriptor,
 }

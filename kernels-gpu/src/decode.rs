@@ -8,13 +8,16 @@
 //!
 //! Parallelisation
 //! - Grid `(batch, num_kv_heads * head_blocks, num_splits)`. One CTA of 4 warps owns one
-//!   (request, KV head, block of ≤ 64 query heads of its GQA group, token chunk). Every K/V byte
-//!   of the chunk is read from HBM once and shared by all query heads of the group.
-//! - K/V tiles of 64 tokens stream global → shared through a multi-stage `cp.async` pipeline.
+//!   (request, KV head, block of ≤ 64 query heads of its GQA group (32 for D = 256), token
+//!   chunk). Every K/V byte of the chunk is read from HBM once and shared by all query heads of
+//!   the block.
+//! - K/V tiles of 16 KB each (8192 / D tokens) stream global → shared through a 3-stage
+//!   `cp.async` pipeline; page ids of the next tile are resolved one iteration ahead, one thread
+//!   per row, into a shared ring.
 //!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
-//! - Warps split the 16-row query tiles and the tile's 16-token blocks between them; their
-//!   partial (m, l, O) are combined through shared memory at the end.
+//! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
+//!   columns between them; their partial (m, l, O) are combined through shared memory at the end.
 //! - With `num_splits > 1` each CTA writes a partial (O, lse) to the workspace and the last CTA
 //!   of its (request, KV head, head block) to finish combines them ([`finish_split`]); with 1
 //!   split the CTA writes `o` and `lse` directly. One launch either way.
@@ -72,11 +75,10 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
     r * D * 2 + ((c ^ (r & 7)) << 4)
 }
 
-/// Tensor-core decode for 16-bit elements; `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
-/// columns) per warp,
-/// `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage, `Q_IN_REGS` keeps the
-/// query fragments in registers, `SPLIT` selects the split-KV epilogue (partials + merge) over
-/// writing `o` and `lse` directly.
+/// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
+/// columns) per warp, `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage,
+/// `Q_IN_REGS` keeps the query fragments in registers, `SPLIT` selects the split-KV epilogue
+/// (partials + merge) over writing `o` and `lse` directly.
 #[inline(always)]
 pub unsafe fn decode_mma<
     T: MmaElem,
