@@ -2,7 +2,7 @@
 //!
 //! - [`BatchPagedDecodePlan`]: one query row per request against its paged K/V history.
 //! - [`PagedKvAppendPlan`]: writes one new K/V token per request into the paged store.
-//! - [`reference`]: float64 CPU implementations of both, with the same layouts and semantics.
+//! - [`reference`](mod@reference): float64 CPU implementations of both, with the same layouts and semantics.
 //! - [`page_table`]: host-side validation of `indptr` / `indices` / `last_page_len`.
 //!
 //! Kernels are Rust (`kernels-gpu/`), compiled to PTX by rustc's NVPTX backend at build time and

@@ -131,7 +131,7 @@ pub struct DecodeConfig {
 
 impl DecodeConfig {
     /// Picks the kernel and the split count: enough CTAs that the last wave is at least
-    /// [`WAVE_EFFICIENCY`] busy, capped by [`MAX_SPLITS`] and by `max_workspace_bytes`.
+    /// 85 % busy, capped by [`MAX_SPLITS`] and by `max_workspace_bytes`.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
