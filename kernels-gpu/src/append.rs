@@ -28,7 +28,9 @@ pub unsafe fn append_token<T: Elem>(p: &AppendParams) {
         return;
     }
     let d = p.head_dim as usize;
-    let dst_row = ((page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize + last as usize - 1) * d;
+    let dst_row =
+        ((page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize + last as usize - 1)
+            * d;
     let src_row = (b as usize * p.num_kv_heads as usize + h as usize) * d;
     let chunks = d * core::mem::size_of::<T>() / 16;
     let mut c = thread_idx() as usize;

@@ -144,7 +144,11 @@ pub unsafe fn decode_mma<
     let ring = kv_smem + STAGES * 2 * tile_bytes;
     let lookup_row = |tile: u32| -> u32 {
         let t = chunk.begin + tile * TILE + tid;
-        if tid < TILE && tile < n_tiles && t < chunk.end { unsafe { token_row(p, &chunk, kv_head, t) } } else { u32::MAX }
+        if tid < TILE && tile < n_tiles && t < chunk.end {
+            unsafe { token_row(p, &chunk, kv_head, t) }
+        } else {
+            u32::MAX
+        }
     };
     let park = |tile: u32, row: u32| {
         if tid < TILE {
@@ -342,7 +346,17 @@ pub unsafe fn decode_mma<
         let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
         let qo = (b * p.num_qo_heads + first_qo_head + row) as usize;
-        unsafe { write_row_quad::<T, SPLIT>(p, split, qo, D, d4, [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv], lse) };
+        unsafe {
+            write_row_quad::<T, SPLIT>(
+                p,
+                split,
+                qo,
+                D,
+                d4,
+                [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv],
+                lse,
+            )
+        };
         e += DECODE_THREADS;
     }
     if SPLIT {
@@ -355,7 +369,11 @@ pub unsafe fn decode_mma<
 /// launch) combines all splits of its `heads` rows starting at row `first_row`. The splits are
 /// combined in index order whichever CTA is last, so the result is deterministic.
 #[inline(always)]
-unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, first_row: usize, heads: u32) {
+unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(
+    p: &DecodeParams,
+    first_row: usize,
+    heads: u32,
+) {
     let (b, y, _) = block_idx();
     let counter = unsafe { (p.counters as *mut u32).add((b * grid_dim_y() + y) as usize) };
     fence_acq_rel_gpu();
@@ -381,7 +399,15 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams
 /// Writes 4 consecutive outputs of row `qo` (and its lse, from the `d4 == 0` thread): to `o`/`lse`
 /// without splitting, else to this split's slot of the workspace.
 #[inline(always)]
-unsafe fn write_row_quad<T: Elem, const SPLIT: bool>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, d4: u32, v: [f32; 4], lse: f32) {
+unsafe fn write_row_quad<T: Elem, const SPLIT: bool>(
+    p: &DecodeParams,
+    split: u32,
+    qo: usize,
+    head_dim: u32,
+    d4: u32,
+    v: [f32; 4],
+    lse: f32,
+) {
     let rows = p.batch as usize * p.num_qo_heads as usize;
     let col = (d4 * 4) as usize;
     unsafe {
@@ -465,7 +491,15 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
 }
 
 #[inline(always)]
-unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(p: &DecodeParams, split: u32, qo: usize, head_dim: u32, lane: u32, v: [f32; 2], lse: f32) {
+unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(
+    p: &DecodeParams,
+    split: u32,
+    qo: usize,
+    head_dim: u32,
+    lane: u32,
+    v: [f32; 2],
+    lse: f32,
+) {
     let rows = p.batch as usize * p.num_qo_heads as usize;
     let col = (lane * 2) as usize;
     unsafe {
@@ -521,7 +555,8 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, r
             let from_hi = shfl_idx(w_hi, s % 32);
             w[u] = if s < 32 { from_lo } else { from_hi };
             if s < splits && w[u] > 0.0 {
-                let src = unsafe { (p.partial_o as *const f32).add((s as usize * rows + row) * D as usize + col) };
+                let src =
+                    unsafe { (p.partial_o as *const f32).add((s as usize * rows + row) * D as usize + col) };
                 for i in 0..VPL {
                     v[u][i] = unsafe { ld_cg_f32(src.add(i)) };
                 }

@@ -279,7 +279,5 @@ pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
 /// `atom.global.min.u64`.
 #[inline(always)]
 pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
-    unsafe {
-        asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack))
-    };
+    unsafe { asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) };
 }
