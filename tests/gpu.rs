@@ -6,7 +6,7 @@ use std::sync::mpsc;
 
 use half::{bf16, f16};
 use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
-use paged_decode::reference::{DecodeOutput, PageTable};
+use paged_decode::reference::DecodeOutput;
 use paged_decode::{
     BatchPagedDecodePlan, Device, Element, ElementKind, Error, PagedKvAppendDescriptor, PagedKvAppendPlan,
     PlanPreference, Workspace,
@@ -405,5 +405,4 @@ fn workspace_too_small_is_reported() {
         Err(Error::WorkspaceTooSmall { needed, got: 0 }) => assert_eq!(needed, plan.workspace_size()),
         other => panic!("expected WorkspaceTooSmall, got {other:?}"),
     }
-    let _ = PageTable { indptr: &[], indices: &[], last_page_len: &[] };
 }

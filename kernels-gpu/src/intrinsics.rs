@@ -260,12 +260,6 @@ pub fn grid_dim_y() -> u32 {
     unsafe { nvptx::_grid_dim_y() as u32 }
 }
 
-/// Pulls the line holding `p` into L2.
-#[inline(always)]
-pub unsafe fn prefetch_l2(p: *const u8) {
-    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly)) };
-}
-
 /// Read-only global load of an i32.
 #[inline(always)]
 pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
