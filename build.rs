@@ -1,8 +1,9 @@
-//! Builds `kernels-gpu` to PTX (see `builder/`) and hands it to the host code as `$OUT_DIR/kernels.ptx`.
+//! Builds `kernels-gpu` to PTX (see `builder/`) twice and hands both to the host code:
+//! `$OUT_DIR/kernels.ptx` (portable, runs on sm_80+ through the driver's JIT) and
+//! `$OUT_DIR/kernels_sm90.ptx` (Hopper: adds programmatic dependent launch).
 //!
-//! - `PAGED_DECODE_PTX_ARCH`: target architecture of the PTX (default `sm_80`, runs on sm_80+ through
-//!   the driver's JIT; `sm_90` for Hopper-only builds).
-//! - `PAGED_DECODE_PTX`: path of a prebuilt PTX file to embed instead of building one.
+//! - `PAGED_DECODE_PTX_ARCH`: target architecture of the portable PTX (default `sm_80`).
+//! - `PAGED_DECODE_PTX`: path of a prebuilt portable PTX file to embed instead of building one.
 
 use std::path::PathBuf;
 
@@ -16,31 +17,46 @@ fn main() {
     println!("cargo::rerun-if-env-changed=PAGED_DECODE_PTX_ARCH");
     println!("cargo::rerun-if-env-changed=PAGED_DECODE_PTX");
 
-    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("kernels.ptx");
-    let ptx = match std::env::var("PAGED_DECODE_PTX") {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let write = |name: &str, ptx: String| {
+        let path = out_dir.join(name);
+        std::fs::write(&path, ptx).unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
+    };
+    let portable = match std::env::var("PAGED_DECODE_PTX") {
         Ok(prebuilt) => {
             println!("cargo::rerun-if-changed={prebuilt}");
             std::fs::read_to_string(&prebuilt)
                 .unwrap_or_else(|e| fail(&format!("PAGED_DECODE_PTX={prebuilt}: {e}")))
         }
-        Err(_) => build_kernels(),
+        Err(_) => {
+            let arch = std::env::var("PAGED_DECODE_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
+            if !matches!(arch.as_str(), "sm_80" | "sm_86" | "sm_89" | "sm_90") {
+                fail(&format!("PAGED_DECODE_PTX_ARCH={arch}: expected one of sm_80, sm_86, sm_89, sm_90"));
+            }
+            build_kernels(&out_dir, &arch)
+        }
     };
-    std::fs::write(&out, ptx).unwrap_or_else(|e| fail(&format!("writing {}: {e}", out.display())));
+    write("kernels.ptx", portable);
+    write("kernels_sm90.ptx", build_kernels(&out_dir, "sm_90"));
 }
 
-fn build_kernels() -> String {
+fn build_kernels(out_dir: &std::path::Path, arch: &str) -> String {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let arch = std::env::var("PAGED_DECODE_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
-    if !matches!(arch.as_str(), "sm_80" | "sm_86" | "sm_89" | "sm_90") {
-        fail(&format!("PAGED_DECODE_PTX_ARCH={arch}: expected one of sm_80, sm_86, sm_89, sm_90"));
-    }
-    // `<target>/<profile>/build/<pkg>/out` → `<target>/ptx-build`, shared by all profiles.
-    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let target_dir =
-        out_dir.ancestors().nth(4).map(|t| t.join("ptx-build")).unwrap_or_else(|| out_dir.join("ptx-build"));
+    // `<target>/<profile>/build/<pkg>/out` → `<target>/ptx-build/<arch>`, shared by all profiles.
+    let target_dir = out_dir
+        .ancestors()
+        .nth(4)
+        .map(|t| t.join("ptx-build"))
+        .unwrap_or_else(|| out_dir.join("ptx-build"))
+        .join(arch);
     let toolchain = Toolchain::ensure(TOOLCHAIN, |msg| println!("cargo::warning={msg}"))
         .unwrap_or_else(|e| fail(&e.to_string()));
-    let build = PtxBuild { crate_dir: root.join("kernels-gpu"), target_dir, arch, ptx_isa: "ptx78".into() };
+    let build = PtxBuild {
+        crate_dir: root.join("kernels-gpu"),
+        target_dir,
+        arch: arch.into(),
+        ptx_isa: "ptx78".into(),
+    };
     build.build(&toolchain).unwrap_or_else(|e| fail(&e.to_string()))
 }
 

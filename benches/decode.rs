@@ -16,6 +16,7 @@ fn main() {
         json: Some(target.join("bench.json")),
         plot: Some(target.join("bench.svg")),
         check: false,
+        programmatic_launch: true,
     };
     if let Err(e) = run_cli(&opts) {
         eprintln!("error: {e}");

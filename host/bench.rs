@@ -80,6 +80,8 @@ pub struct BenchOptions {
     pub plot: Option<PathBuf>,
     /// Compare some requests against the float64 reference before timing.
     pub check: bool,
+    /// Launch with programmatic dependent launch where the GPU supports it (the default).
+    pub programmatic_launch: bool,
 }
 
 /// Median time of one call.
@@ -167,10 +169,11 @@ pub fn bench_shape<T: Element>(
     shape: &Shape,
     ceiling: f64,
     check: bool,
+    pref: PlanPreference,
 ) -> Result<BenchRow> {
     let spec = shape.spec();
     let host = HostProblem::<T>::random(&spec);
-    let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, PlanPreference::default())?;
+    let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, pref)?;
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
     let max_rel_err = if check {
         let (mut args, mut ws) = dev.args_and_workspace();
@@ -218,14 +221,15 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         Err(e) => return Err(e.into()),
     };
     let ceiling = read_ceiling(&device)?;
+    let pref = PlanPreference { programmatic_launch: opts.programmatic_launch, ..PlanPreference::default() };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
     println!("{:<28} {:>10} {:>8} {:>8} {:>7} {:>10}", "shape", "µs", "TB/s", "%ceil", "splits", "rel err");
     let mut rows = Vec::new();
     for shape in &shapes {
         let row = match shape.dtype.as_str() {
-            "f16" => bench_shape::<f16>(&device, shape, ceiling, opts.check)?,
-            "bf16" => bench_shape::<bf16>(&device, shape, ceiling, opts.check)?,
-            "f32" => bench_shape::<f32>(&device, shape, ceiling, opts.check)?,
+            "f16" => bench_shape::<f16>(&device, shape, ceiling, opts.check, pref)?,
+            "bf16" => bench_shape::<bf16>(&device, shape, ceiling, opts.check, pref)?,
+            "f32" => bench_shape::<f32>(&device, shape, ceiling, opts.check, pref)?,
             other => return Err(format!("{}: unknown dtype {other}", shape.name).into()),
         };
         println!(

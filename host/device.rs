@@ -2,8 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{Error, Result};
@@ -76,7 +76,8 @@ impl DeviceProps {
     }
 }
 
-/// The kernel module of one context, JIT-compiled from [`crate::ptx::PTX`] on first use.
+/// The kernel module of one context, JIT-compiled on first use from the PTX its compute
+/// capability loads ([`crate::ptx::for_compute_capability`]).
 pub(crate) fn module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
     let key = ctx.cu_ctx() as usize;
@@ -84,7 +85,8 @@ pub(crate) fn module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     if let Some((_, m)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(m.clone());
     }
-    let m = ctx.load_module(Ptx::from_src(crate::ptx::PTX))?;
+    let cc = DeviceProps::query(ctx)?.compute_capability;
+    let m = ctx.load_module(Ptx::from_src(crate::ptx::for_compute_capability(cc)))?;
     cache.push((key, m.clone()));
     Ok(m)
 }
@@ -99,4 +101,52 @@ pub(crate) fn function(ctx: &Arc<CudaContext>, name: &str, smem_bytes: u32) -> R
         )?;
     }
     Ok(f)
+}
+
+/// Launches `f` with its single by-value parameter block `params`. With `programmatic`, the
+/// launch is a programmatic dependent launch: its CTAs may start while the previous kernel in
+/// the stream is still running, and the kernel itself waits (`griddepcontrol.wait`) before it
+/// touches memory that kernel may write. Captured into a CUDA graph, it becomes a programmatic
+/// edge.
+///
+/// # Safety
+/// `params` must be the parameter block `f` expects, pointing at live device memory, and with
+/// `programmatic`, `f` must come from the sm_90 PTX.
+pub(crate) unsafe fn launch<P: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    params: &P,
+    programmatic: bool,
+) -> Result<()> {
+    if !programmatic {
+        // SAFETY: forwarded from the caller.
+        unsafe { stream.launch_builder(f).arg(params).launch(cfg)? };
+        return Ok(());
+    }
+    stream.context().bind_to_thread()?;
+    // SAFETY: an all-zero launch attribute is valid plain data; the union member set is the
+    // one the attribute id selects.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut args = [params as *const P as *mut std::ffi::c_void];
+    // SAFETY: the driver copies the parameter block during the call; see the function's contract
+    // for its contents.
+    unsafe {
+        sys::cuLaunchKernelEx(&config, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()).result()?
+    };
+    Ok(())
 }

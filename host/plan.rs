@@ -11,6 +11,7 @@ use cudarc::driver::{
 use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
 use crate::params::{self, AppendParams, DecodeParams, PageTableCheckParams};
+use crate::ptx;
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 use crate::types::*;
 
@@ -222,6 +223,8 @@ pub struct BatchPagedDecodePlan<T: Element> {
     check_fn: CudaFunction,
     /// Split-KV arrival counters (one per CTA of a split), reset by the kernel after each use.
     counters: Option<CudaSlice<u32>>,
+    /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
+    programmatic: bool,
     _t: PhantomData<T>,
 }
 
@@ -337,6 +340,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             desc: *desc,
             config,
             pref,
+            programmatic: pref.programmatic_launch
+                && ptx::supports_programmatic_launch(props.compute_capability),
             arch,
             decode_fn: device::function(ctx, &decode_name, config.smem_bytes)?,
             check_fn: device::function(ctx, "check_page_table", 0)?,
@@ -352,6 +357,12 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     /// The launch configuration chosen by `select`.
     pub fn config(&self) -> &DecodeConfig {
         &self.config
+    }
+
+    /// Whether `run` launches as a programmatic dependent launch (sm_90+ and
+    /// [`PlanPreference::programmatic_launch`]).
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic
     }
 
     /// Checks the arguments against the plan's descriptor.
@@ -477,9 +488,9 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             shared_mem_bytes: self.config.smem_bytes,
         };
         // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
-        // descriptor, and the workspace holds `workspace_size()` bytes.
-        unsafe { stream.launch_builder(&self.decode_fn).arg(&p).launch(cfg)? };
-        Ok(())
+        // descriptor, and the workspace holds `workspace_size()` bytes; `programmatic` implies
+        // the sm_90 PTX.
+        unsafe { device::launch(stream, &self.decode_fn, cfg, &p, self.programmatic) }
     }
 
     /// Validates the device page table of `args` on the GPU without reading out of bounds,

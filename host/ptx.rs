@@ -1,7 +1,22 @@
 //! The PTX built from `kernels-gpu` by `build.rs`, and its entry points.
 
-/// PTX text of every kernel (target `PAGED_DECODE_PTX_ARCH`, default sm_80).
+/// PTX text of every kernel for any GPU from sm_80 on (target `PAGED_DECODE_PTX_ARCH`, default
+/// sm_80).
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+
+/// The same kernels built for sm_90: the decode kernels also take part in programmatic dependent
+/// launch (`griddepcontrol`).
+pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
+
+/// The PTX a device of compute capability `(major, minor)` loads.
+pub fn for_compute_capability(cc: (u32, u32)) -> &'static str {
+    if cc.0 >= 9 { PTX_SM90 } else { PTX }
+}
+
+/// Whether kernels loaded from [`for_compute_capability`] support programmatic dependent launch.
+pub fn supports_programmatic_launch(cc: (u32, u32)) -> bool {
+    cc.0 >= 9
+}
 
 /// Names of the `.entry` functions declared in `ptx`, in order of appearance.
 pub fn entries(ptx: &str) -> Vec<&str> {

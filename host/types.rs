@@ -187,11 +187,24 @@ pub struct PlanPreference {
     /// [`crate::Error::InvalidPageTable`]. This synchronizes the stream, so a checked `run`
     /// cannot be captured into a CUDA graph.
     pub checked: bool,
+    /// On sm_90 and newer, launch the decode kernel as a programmatic dependent launch (as
+    /// FlashInfer's `enable_pdl`, on by default there too): its CTAs start while the previous
+    /// kernel in the stream finishes, and read the page table (`indices`, `indptr`,
+    /// `last_page_len`) before waiting for that kernel; `q`, the K/V store and every write wait.
+    /// So the kernel launched right before `run` must not write the page table (one that writes
+    /// `q` or K/V, such as an append, is fine). Ignored before sm_90.
+    pub programmatic_launch: bool,
 }
 
 impl Default for PlanPreference {
     fn default() -> Self {
-        Self { max_workspace_bytes: usize::MAX, allow_sm90a: true, prefer_backend: None, checked: false }
+        Self {
+            max_workspace_bytes: usize::MAX,
+            allow_sm90a: true,
+            prefer_backend: None,
+            checked: false,
+            programmatic_launch: true,
+        }
     }
 }
 

@@ -294,6 +294,83 @@ fn decode_deterministic_and_graph_replay() {
     }
 }
 
+/// A decode whose `q` is the output of the decode launched right before it, with and without
+/// programmatic dependent launch: the second kernel must see every row the first one wrote
+/// (poisoned with NaN beforehand), split and unsplit, eagerly and replayed from a graph.
+#[test]
+fn chained_decodes_see_the_previous_kernels_output() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use paged_decode::{BatchPagedDecodeArgs, TensorMut, TensorRef};
+    let Some(dev) = device("chained_decodes_see_the_previous_kernels_output") else { return };
+    let s = &dev.stream;
+    for (i, spec) in
+        [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(96, 500, 32, 8, 128, 16)]
+            .into_iter()
+            .enumerate()
+    {
+        let first = HostProblem::<f16>::random(&spec);
+        let second = HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() });
+        for programmatic_launch in [false, true] {
+            let pref = PlanPreference { programmatic_launch, ..PlanPreference::default() };
+            let plan = BatchPagedDecodePlan::<f16>::select(s, &first.desc, pref).unwrap();
+            let mut a = DeviceProblem::upload(s, &first, plan.workspace_size()).unwrap();
+            let mut b = DeviceProblem::upload(s, &second, plan.workspace_size()).unwrap();
+            // Decode `a`, then decode `b`'s store with `a.o` as its queries.
+            let chain = |a: &mut DeviceProblem<f16>, b: &mut DeviceProblem<f16>| {
+                {
+                    let (mut args, mut ws) = a.args_and_workspace();
+                    plan.run(s, &mut ws, &mut args).unwrap();
+                }
+                let (bs, hq, d) = (spec.batch() as i32, spec.num_qo_heads as i32, spec.head_dim as i32);
+                let kv = second.desc.paged_kv;
+                let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
+                let mut args = BatchPagedDecodeArgs {
+                    q: TensorRef::new(a.o.slice(..), [bs, hq, d]),
+                    k_data: TensorRef::new(b.k_data.slice(..), store),
+                    v_data: TensorRef::new(b.v_data.slice(..), store),
+                    indices: TensorRef::new(b.indices.slice(..), [b.indices.len() as i32]),
+                    indptr: TensorRef::new(b.indptr.slice(..), [bs + 1]),
+                    last_page_len: TensorRef::new(b.last_page_len.slice(..), [bs]),
+                    o: TensorMut::new(b.o.slice_mut(..), [bs, hq, d]),
+                    lse: TensorMut::new(b.lse.slice_mut(..), [bs, hq]),
+                };
+                plan.run(s, &mut Workspace::Borrowed(b.workspace.slice_mut(..)), &mut args).unwrap();
+            };
+            s.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
+            s.memcpy_htod(&vec![f16::NAN; b.o.len()], &mut b.o).unwrap();
+            chain(&mut a, &mut b);
+            let (o1, l1) = (s.clone_dtoh(&a.o).unwrap(), s.clone_dtoh(&a.lse).unwrap());
+            check("first of chain", &spec, &o1, &l1, &first.reference().unwrap());
+            let mut fed = second.clone();
+            fed.q = o1;
+            let want = fed.reference().unwrap();
+            let (o2, l2) = (s.clone_dtoh(&b.o).unwrap(), s.clone_dtoh(&b.lse).unwrap());
+            check("second of chain", &spec, &o2, &l2, &want);
+
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+            for _ in 0..3 {
+                s.memset_zeros(&mut a.o).unwrap();
+                s.memset_zeros(&mut b.o).unwrap();
+                chain(&mut a, &mut b);
+            }
+            let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
+            for _ in 0..50 {
+                graph.launch().unwrap();
+            }
+            let replayed = s.clone_dtoh(&b.o).unwrap();
+            assert!(
+                replayed.iter().zip(&o2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "shape {i}, programmatic {programmatic_launch}: graph replay differs from eager"
+            );
+            println!(
+                "chain {i} ({} splits, programmatic launch {}): second decode saw the first one's output",
+                plan.config().num_splits,
+                plan.programmatic_launch()
+            );
+        }
+    }
+}
+
 fn checksum<T: Element>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.to_f64().to_bits()).collect()
 }

@@ -1,5 +1,6 @@
-//! The embedded PTX: every entry point is there, and ptxas assembles it for sm_80 and sm_90
-//! with no spills and no stack frame.
+//! The embedded PTX: every entry point is in both builds, only the sm_90 build uses
+//! `griddepcontrol`, and ptxas assembles each for its architecture with no spills and no stack
+//! frame.
 
 use std::io::Write;
 
@@ -7,11 +8,22 @@ use paged_decode::{ptx, ptxas};
 
 #[test]
 fn ptx_declares_every_entry() {
-    assert!(ptx::PTX.contains(".target sm_"), "the embedded PTX is empty or not PTX");
-    let entries = ptx::entries(ptx::PTX);
-    for want in ptx::EXPECTED_ENTRIES {
-        assert!(entries.contains(want), "entry {want} missing from the PTX (found {entries:?})");
+    for text in [ptx::PTX, ptx::PTX_SM90] {
+        assert!(text.contains(".target sm_"), "the embedded PTX is empty or not PTX");
+        let entries = ptx::entries(text);
+        for want in ptx::EXPECTED_ENTRIES {
+            assert!(entries.contains(want), "entry {want} missing from the PTX (found {entries:?})");
+        }
     }
+    assert!(ptx::PTX_SM90.contains(".target sm_90"));
+}
+
+#[test]
+fn only_the_sm90_build_uses_programmatic_launch() {
+    assert!(!ptx::PTX.contains("griddepcontrol"), "the portable PTX must assemble for sm_80");
+    assert!(ptx::PTX_SM90.contains("griddepcontrol.wait;"));
+    assert!(ptx::PTX_SM90.contains("griddepcontrol.launch_dependents;"));
+    assert!(ptx::supports_programmatic_launch((9, 0)) && !ptx::supports_programmatic_launch((8, 9)));
 }
 
 #[test]
@@ -24,8 +36,9 @@ fn ptxas_reports_no_spills_and_no_stack() {
         );
         return;
     };
-    for arch in ["sm_80", "sm_90"] {
-        let reports = ptxas::report(&ptxas, ptx::PTX, arch).unwrap_or_else(|e| panic!("{e}"));
+    for (arch, cc) in [("sm_80", (8, 0)), ("sm_90", (9, 0))] {
+        let text = ptx::for_compute_capability(cc);
+        let reports = ptxas::report(&ptxas, text, arch).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(reports.len(), ptx::EXPECTED_ENTRIES.len(), "{arch}: one report per entry");
         for r in &reports {
             assert_eq!(

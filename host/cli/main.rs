@@ -26,9 +26,12 @@ enum Command {
     },
     /// List the PTX entry points with their ptxas resource report for sm_80 and sm_90.
     Inspect {
-        /// Print the PTX itself.
+        /// Print the PTX itself: the build that `--arch` loads.
         #[arg(long)]
         ptx: bool,
+        /// Architecture whose PTX `--ptx` prints (`sm_80`: the portable build).
+        #[arg(long, default_value = "sm_90", value_parser = ["sm_80", "sm_86", "sm_89", "sm_90"])]
+        arch: String,
     },
     /// Time the plan on a shape table (FlashInfer harness format) with CUDA-graph replays.
     Bench {
@@ -43,6 +46,9 @@ enum Command {
         /// Also check every shape's output against the CPU reference (slow for large shapes).
         #[arg(long)]
         check: bool,
+        /// Launch without programmatic dependent launch (on by default on sm_90+).
+        #[arg(long)]
+        no_programmatic_launch: bool,
     },
 }
 
@@ -50,9 +56,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Run { batch: 32, kv_len: 4096 }) {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
-        Command::Inspect { ptx } => inspect(ptx),
-        Command::Bench { shapes, json, plot, check } => {
-            bench::run_cli(&bench::BenchOptions { shapes, json, plot, check })
+        Command::Inspect { ptx, arch } => inspect(ptx, &arch),
+        Command::Bench { shapes, json, plot, check, no_programmatic_launch } => {
+            bench::run_cli(&bench::BenchOptions {
+                shapes,
+                json,
+                plot,
+                check,
+                programmatic_launch: !no_programmatic_launch,
+            })
         }
     };
     match result {
@@ -126,13 +138,19 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
     Ok(())
 }
 
-fn inspect(dump_ptx: bool) -> Result<(), Box<dyn std::error::Error>> {
+fn inspect(dump_ptx: bool, arch: &str) -> Result<(), Box<dyn std::error::Error>> {
     if dump_ptx {
-        print!("{}", ptx::PTX);
+        let major = if arch == "sm_90" { 9 } else { 8 };
+        print!("{}", ptx::for_compute_capability((major, 0)));
         return Ok(());
     }
     let entries = ptx::entries(ptx::PTX);
-    println!("{} entry points in the embedded PTX ({} bytes)", entries.len(), ptx::PTX.len());
+    println!(
+        "{} entry points in the embedded PTX ({} bytes portable, {} bytes sm_90)",
+        entries.len(),
+        ptx::PTX.len(),
+        ptx::PTX_SM90.len()
+    );
     let Some(ptxas) = ptxas::find() else {
         for e in &entries {
             println!("  {e}");
@@ -141,8 +159,8 @@ fn inspect(dump_ptx: bool) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     };
     println!("ptxas: {}", ptxas.display());
-    let r80 = ptxas::report(&ptxas, ptx::PTX, "sm_80")?;
-    let r90 = ptxas::report(&ptxas, ptx::PTX, "sm_90")?;
+    let r80 = ptxas::report(&ptxas, ptx::for_compute_capability((8, 0)), "sm_80")?;
+    let r90 = ptxas::report(&ptxas, ptx::for_compute_capability((9, 0)), "sm_90")?;
     println!("{:<28} | {:^26} | {:^26}", "", "sm_80", "sm_90");
     println!(
         "{:<28} | {:>5} {:>6} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>6}",

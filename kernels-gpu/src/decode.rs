@@ -121,20 +121,6 @@ pub unsafe fn decode_mma<
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
     let tile_bytes = TILE * D * 2;
 
-    // Q → shared (rows past the group are zero).
-    let mut e = tid;
-    while e < q_tiles * 16 * cpr {
-        let (r, c) = (e / cpr, e % cpr);
-        let v = if r < heads {
-            let off = (b * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
-            unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
-        } else {
-            [0; 4]
-        };
-        unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
-        e += DECODE_THREADS;
-    }
-
     let n_tiles = (chunk.end - chunk.begin).div_ceil(TILE);
     let c = tid % cpr;
     let first_row = tid / cpr;
@@ -177,12 +163,29 @@ pub unsafe fn decode_mma<
     }
     let mut pending_row = lookup_row(STAGES - 1);
     sync_threads();
+    // Everything above reads only the page table; Q and K/V may come from the previous kernel.
+    grid_dependency_wait();
+    allow_dependent_launch();
     for s in 0..STAGES - 1 {
         if s < n_tiles {
             issue(s);
         }
         cp_async_commit();
     }
+    // Q → shared (rows past the group are zero), while the first tiles are in flight.
+    let mut e = tid;
+    while e < q_tiles * 16 * cpr {
+        let (r, c) = (e / cpr, e % cpr);
+        let v = if r < heads {
+            let off = (b * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
+            unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
+        } else {
+            [0; 4]
+        };
+        unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
+        e += DECODE_THREADS;
+    }
+    sync_threads();
 
     let g = lane / 4; // fragment row (and +8)
     let t4 = lane % 4; // fragment column pair
@@ -443,6 +446,8 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
     let (b, kv_head, split) = block_idx();
     let group = p.num_qo_heads / p.num_kv_heads;
     let chunk = unsafe { request_chunk(p, b, split) };
+    grid_dependency_wait();
+    allow_dependent_launch();
     let col = lane * VPL as u32;
     let mut head = warp;
     while head < group {
@@ -524,11 +529,13 @@ unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(
 
 /// Combines the `num_splits` (≤ 64) partials (O, lse) of output row `row` (request × query
 /// head) with one warp: lanes read the split lse values in parallel; the weighted sum of the
-/// partial rows runs four splits at a time, in split order. Partials written by other CTAs of
-/// this launch are read through L2 (`ld.global.cg`).
+/// partial rows runs 16 splits per step (8 for D = 256; one round trip to L2 each), in split
+/// order, skipping splits of zero weight (empty chunks). Partials written by other CTAs of this launch are read
+/// through L2 (`ld.global.cg`).
 #[inline(always)]
 unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, row: usize) {
-    const BATCH: u32 = 4;
+    const MAX_BATCH: usize = 16;
+    let batch = if VPL >= 8 { 8 } else { MAX_BATCH };
     let lane = thread_idx() % 32;
     let rows = p.batch as usize * p.num_qo_heads as usize;
     let splits = p.num_splits;
@@ -547,9 +554,9 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, r
     let mut acc = [0f32; VPL];
     let mut s0 = 0;
     while s0 < splits {
-        let mut w = [0f32; BATCH as usize];
-        let mut v = [[0f32; VPL]; BATCH as usize];
-        for u in 0..BATCH as usize {
+        let mut w = [0f32; MAX_BATCH];
+        let mut v = [[0f32; VPL]; MAX_BATCH];
+        for u in 0..batch {
             let s = s0 + u as u32;
             let from_lo = shfl_idx(w_lo, s % 32);
             let from_hi = shfl_idx(w_hi, s % 32);
@@ -557,17 +564,15 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, r
             if s < splits && w[u] > 0.0 {
                 let src =
                     unsafe { (p.partial_o as *const f32).add((s as usize * rows + row) * D as usize + col) };
-                for i in 0..VPL {
-                    v[u][i] = unsafe { ld_cg_f32(src.add(i)) };
-                }
+                v[u] = unsafe { ld_cg_row::<VPL>(src) };
             }
         }
-        for u in 0..BATCH as usize {
+        for u in 0..batch {
             for i in 0..VPL {
                 acc[i] += w[u] * v[u][i];
             }
         }
-        s0 += BATCH;
+        s0 += batch as u32;
     }
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
     let out = unsafe { (p.o as *mut T).add(row * D as usize + col) };
@@ -578,4 +583,22 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, r
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
         unsafe { *(p.lse as *mut f32).add(row) = lse };
     }
+}
+
+/// `N` consecutive f32 through L2, in 16-byte loads when `N` is a multiple of 4 (the partial
+/// rows are 16-byte aligned: the workspace is, and `D * 4` and `lane * N * 4` are multiples of 16).
+#[inline(always)]
+unsafe fn ld_cg_row<const N: usize>(src: *const f32) -> [f32; N] {
+    let mut v = [0f32; N];
+    if N % 4 == 0 {
+        for j in 0..N / 4 {
+            let q = unsafe { ld_cg_v4_f32(src.add(4 * j)) };
+            v[4 * j..4 * j + 4].copy_from_slice(&q);
+        }
+    } else {
+        for i in 0..N {
+            v[i] = unsafe { ld_cg_f32(src.add(i)) };
+        }
+    }
+    v
 }

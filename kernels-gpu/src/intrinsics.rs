@@ -275,3 +275,37 @@ pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
 pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
     unsafe { asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) };
 }
+
+/// 16-byte load cached in L2 only (see [`ld_cg_f32`]).
+#[inline(always)]
+pub unsafe fn ld_cg_v4_f32(p: *const f32) -> [f32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.global.cg.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg64) p,
+             options(nostack))
+    };
+    [f32::from_bits(a), f32::from_bits(b), f32::from_bits(c), f32::from_bits(d)]
+}
+
+/// Programmatic dependent launch, consumer side: waits until the grids this launch depends on
+/// have completed and their writes are visible. Returns at once when the grid was launched
+/// without a programmatic dependency, and compiles to nothing before sm_90.
+#[inline(always)]
+pub fn grid_dependency_wait() {
+    #[cfg(target_feature = "sm_90")]
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    };
+}
+
+/// Programmatic dependent launch, producer side: lets the next kernel in the stream start its
+/// CTAs (which then run up to their [`grid_dependency_wait`]) once every CTA of this grid has
+/// called this or exited. Nothing before sm_90.
+#[inline(always)]
+pub fn allow_dependent_launch() {
+    #[cfg(target_feature = "sm_90")]
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack))
+    };
+}
