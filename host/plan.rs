@@ -128,11 +128,14 @@ pub struct DecodeConfig {
     pub num_splits: u32,
     /// Smallest chunk a split takes, in tokens.
     pub min_chunk: u32,
+    /// CTAs resident at once on the device (SMs × CTAs per SM): one wave.
+    pub wave_ctas: u32,
 }
 
 impl DecodeConfig {
-    /// Picks the kernel and the split count: enough CTAs that the last wave is at least
-    /// 85 % busy, capped by [`MAX_SPLITS`] and by `max_workspace_bytes`.
+    /// Picks the kernel and the split count: with half a wave of (request, KV head, head block)
+    /// CTAs or less, as many splits as one full wave holds; otherwise enough that the last wave
+    /// is at least 85 % busy. Capped by [`MAX_SPLITS`] and by `max_workspace_bytes`.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
@@ -162,11 +165,17 @@ impl DecodeConfig {
         let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
         let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
         let fits = |s: u32| {
-            let cfg = Self { kernel, head_blocks, q_tiles, smem_bytes, num_splits: s, min_chunk: 0 };
+            let cfg =
+                Self { kernel, head_blocks, q_tiles, smem_bytes, num_splits: s, min_chunk: 0, wave_ctas: 0 };
             cfg.workspace_size(desc) <= max_workspace_bytes
         };
         let mut num_splits = 1;
-        if efficiency(base) < WAVE_EFFICIENCY {
+        if 2 * base <= wave {
+            // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
+            // shorter chunks), within MAX_SPLITS and the workspace.
+            let most = (wave / base.max(1)).min(MAX_SPLITS as u64) as u32;
+            num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
+        } else if efficiency(base) < WAVE_EFFICIENCY {
             let mut best = (efficiency(base), 1);
             for s in 2..=MAX_SPLITS {
                 if !fits(s) {
@@ -192,6 +201,7 @@ impl DecodeConfig {
                 DecodeKernel::Mma => params::decode_tile_tokens(d),
                 DecodeKernel::Simt => 64,
             },
+            wave_ctas: wave.min(u32::MAX as u64) as u32,
         })
     }
 
@@ -477,6 +487,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             min_chunk: self.config.min_chunk,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
+            // Only CTAs of the first wave can start before the previous kernel ends.
+            prefetch_ctas: if self.programmatic { self.config.wave_ctas } else { 0 },
         };
         let cfg = LaunchConfig {
             grid_dim: (

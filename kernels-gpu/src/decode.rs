@@ -39,6 +39,8 @@ pub struct Chunk {
     pub end: u32,
     pub first_index: u32,
     pub num_pages: u32,
+    /// Splits of this request that own at least one token (the others are empty).
+    pub live_splits: u32,
 }
 
 #[inline(always)]
@@ -54,7 +56,8 @@ pub unsafe fn request_chunk(p: &DecodeParams, b: u32, split: u32) -> Chunk {
     let per_split = len.div_ceil(p.num_splits).next_multiple_of(16).max(p.min_chunk);
     let begin = split.saturating_mul(per_split).min(len);
     let end = begin.saturating_add(per_split).min(len);
-    Chunk { begin, end, first_index: start, num_pages }
+    let live_splits = if len == 0 { 0 } else { len.div_ceil(per_split) };
+    Chunk { begin, end, first_index: start, num_pages, live_splits }
 }
 
 /// Row index (in units of `head_dim` elements) of token `t` for KV head `h`; the page id is
@@ -78,7 +81,8 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 /// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
 /// columns) per warp, `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage,
 /// `Q_IN_REGS` keeps the query fragments in registers, `SPLIT` selects the split-KV epilogue
-/// (partials + merge) over writing `o` and `lse` directly.
+/// (partials + merge) over writing `o` and `lse` directly; `MERGE_BATCH` partial rows per lane
+/// are in flight in the merge.
 #[inline(always)]
 pub unsafe fn decode_mma<
     T: MmaElem,
@@ -89,6 +93,7 @@ pub unsafe fn decode_mma<
     const TILE: u32,
     const Q_IN_REGS: bool,
     const SPLIT: bool,
+    const MERGE_BATCH: usize,
 >(
     p: &DecodeParams,
 ) {
@@ -163,7 +168,24 @@ pub unsafe fn decode_mma<
     }
     let mut pending_row = lookup_row(STAGES - 1);
     sync_threads();
-    // Everything above reads only the page table; Q and K/V may come from the previous kernel.
+    // Everything above reads only the page table; Q and K/V may come from the previous kernel,
+    // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
+    let linear_cta = b as u64 + p.batch as u64 * (y + grid_dim_y() * split) as u64;
+    if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
+        for s in 0..STAGES - 1 {
+            let slot = ring + (s % STAGES) * TILE * 4;
+            for i in 0..rows_per_thread {
+                let row = unsafe { ld_shared_u32(slot + (first_row + i * row_step) * 4) };
+                if s < n_tiles && row != u32::MAX {
+                    let off = row as usize * D as usize + (c * 8) as usize;
+                    unsafe {
+                        prefetch_l2((p.k_data as *const T).add(off) as *const u8);
+                        prefetch_l2((p.v_data as *const T).add(off) as *const u8);
+                    }
+                }
+            }
+        }
+    }
     grid_dependency_wait();
     allow_dependent_launch();
     for s in 0..STAGES - 1 {
@@ -363,7 +385,14 @@ pub unsafe fn decode_mma<
         e += DECODE_THREADS;
     }
     if SPLIT {
-        unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + first_qo_head) as usize, heads) };
+        unsafe {
+            finish_split::<T, D, VPL, MERGE_BATCH>(
+                p,
+                (b * p.num_qo_heads + first_qo_head) as usize,
+                heads,
+                chunk.live_splits,
+            )
+        };
     }
 }
 
@@ -372,10 +401,11 @@ pub unsafe fn decode_mma<
 /// launch) combines all splits of its `heads` rows starting at row `first_row`. The splits are
 /// combined in index order whichever CTA is last, so the result is deterministic.
 #[inline(always)]
-unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(
+unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATCH: usize>(
     p: &DecodeParams,
     first_row: usize,
     heads: u32,
+    live_splits: u32,
 ) {
     let (b, y, _) = block_idx();
     let counter = unsafe { (p.counters as *mut u32).add((b * grid_dim_y() + y) as usize) };
@@ -394,7 +424,7 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize>(
     fence_acq_rel_gpu();
     let mut h = thread_idx() / 32;
     while h < heads {
-        unsafe { merge_row::<T, D, VPL>(p, first_row + h as usize) };
+        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, first_row + h as usize, live_splits) };
         h += WARPS;
     }
 }
@@ -491,7 +521,15 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         head += WARPS;
     }
     if SPLIT {
-        unsafe { finish_split::<T, D, VPL>(p, (b * p.num_qo_heads + kv_head * group) as usize, group) };
+        unsafe {
+            // A small merge batch keeps the streaming loop's register count low.
+            finish_split::<T, D, VPL, 4>(
+                p,
+                (b * p.num_qo_heads + kv_head * group) as usize,
+                group,
+                chunk.live_splits,
+            )
+        };
     }
 }
 
@@ -527,52 +565,60 @@ unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(
     }
 }
 
-/// Combines the `num_splits` (≤ 64) partials (O, lse) of output row `row` (request × query
-/// head) with one warp: lanes read the split lse values in parallel; the weighted sum of the
-/// partial rows runs 16 splits per step (8 for D = 256; one round trip to L2 each), in split
-/// order, skipping splits of zero weight (empty chunks). Partials written by other CTAs of this launch are read
-/// through L2 (`ld.global.cg`).
+/// Combines the partials (O, lse) of output row `row` (request × query head) over the request's
+/// `live` non-empty splits (≤ 64) with one warp. The lse values (one per lane) and the first
+/// `BATCH` partial rows are loaded together, so the merge costs one round trip to L2 per `BATCH`
+/// splits; partials are summed in split order and read through L2 (`ld.global.cg`),
+/// since other CTAs of this launch wrote them.
 #[inline(always)]
-unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize>(p: &DecodeParams, row: usize) {
-    const MAX_BATCH: usize = 16;
-    let batch = if VPL >= 8 { 8 } else { MAX_BATCH };
+unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>(
+    p: &DecodeParams,
+    row: usize,
+    live: u32,
+) {
     let lane = thread_idx() % 32;
     let rows = p.batch as usize * p.num_qo_heads as usize;
-    let splits = p.num_splits;
+    let col = (lane * VPL as u32) as usize;
     let lse_of = |s: u32| {
-        if s < splits {
+        if s < live {
             unsafe { ld_cg_f32((p.partial_lse as *const f32).add(s as usize * rows + row)) }
         } else {
             f32::NEG_INFINITY
         }
     };
-    let (lse_lo, lse_hi) = (lse_of(lane), lse_of(lane + 32));
-    let m = warp_max(fmax(lse_lo, lse_hi));
-    let (w_lo, w_hi) = if m == f32::NEG_INFINITY { (0.0, 0.0) } else { (exp2(lse_lo - m), exp2(lse_hi - m)) };
-    let l = warp_sum(w_lo + w_hi);
-    let col = (lane * VPL as u32) as usize;
-    let mut acc = [0f32; VPL];
-    let mut s0 = 0;
-    while s0 < splits {
-        let mut w = [0f32; MAX_BATCH];
-        let mut v = [[0f32; VPL]; MAX_BATCH];
-        for u in 0..batch {
+    let partials = |s0: u32| {
+        let mut v = [[0f32; VPL]; BATCH];
+        for u in 0..BATCH {
             let s = s0 + u as u32;
-            let from_lo = shfl_idx(w_lo, s % 32);
-            let from_hi = shfl_idx(w_hi, s % 32);
-            w[u] = if s < 32 { from_lo } else { from_hi };
-            if s < splits && w[u] > 0.0 {
+            if s < live {
                 let src =
                     unsafe { (p.partial_o as *const f32).add((s as usize * rows + row) * D as usize + col) };
                 v[u] = unsafe { ld_cg_row::<VPL>(src) };
             }
         }
-        for u in 0..batch {
+        v
+    };
+    let (lse_lo, lse_hi) = (lse_of(lane), lse_of(lane + 32));
+    let mut v = partials(0);
+    let m = warp_max(fmax(lse_lo, lse_hi));
+    let (w_lo, w_hi) = if m == f32::NEG_INFINITY { (0.0, 0.0) } else { (exp2(lse_lo - m), exp2(lse_hi - m)) };
+    let l = warp_sum(w_lo + w_hi);
+    let mut acc = [0f32; VPL];
+    let mut s0 = 0;
+    while s0 < live {
+        if s0 > 0 {
+            v = partials(s0);
+        }
+        for u in 0..BATCH {
+            let s = s0 + u as u32;
+            let from_lo = shfl_idx(w_lo, s % 32);
+            let from_hi = shfl_idx(w_hi, s % 32);
+            let w = if s < 32 { from_lo } else { from_hi };
             for i in 0..VPL {
-                acc[i] += w[u] * v[u][i];
+                acc[i] += w * v[u][i];
             }
         }
-        s0 += batch as u32;
+        s0 += BATCH as u32;
     }
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
     let out = unsafe { (p.o as *mut T).add(row * D as usize + col) };

@@ -309,3 +309,10 @@ pub fn allow_dependent_launch() {
         asm!("griddepcontrol.launch_dependents;", options(nostack))
     };
 }
+
+/// `prefetch.global.L2`: a hint that pulls the 128-byte line of `p` into L2. It reads nothing
+/// architecturally, so it may run before [`grid_dependency_wait`].
+#[inline(always)]
+pub unsafe fn prefetch_l2(p: *const u8) {
+    unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly)) };
+}

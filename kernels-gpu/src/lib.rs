@@ -37,6 +37,8 @@ macro_rules! decode_mma_entry {
                     { decode_tile_tokens($d) },
                     $q_in_regs,
                     $split,
+                    // 16 partial rows in flight per lane (8 for D = 256: twice the columns).
+                    { 16 / decode_d_parts($d) as usize },
                 >(&p)
             }
         }

@@ -42,6 +42,9 @@ pub struct DecodeParams {
     pub page_shift: u32,
     /// `sm_scale * log2(e)`: logits are kept in the base-2 domain.
     pub scale_log2: f32,
+    /// CTAs (in launch order) that prefetch their first K/V tiles into L2 while they wait for the
+    /// previous kernel (programmatic dependent launch); 0 disables the prefetch.
+    pub prefetch_ctas: u32,
 }
 
 /// Parameters of the append kernel.
