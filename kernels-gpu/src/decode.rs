@@ -21,6 +21,11 @@
 //! - With `num_splits > 1` each CTA writes a partial (O, lse) to the workspace and the last CTA
 //!   of its (request, KV head, head block) to finish combines them ([`finish_split`]); with 1
 //!   split the CTA writes `o` and `lse` directly. One launch either way.
+//! - Programmatic dependent launch (sm_90 build): before `griddepcontrol.wait` a CTA reads only
+//!   the page table (chunk bounds, the first tiles' page rows) and, in the first wave, prefetches
+//!   its first tiles into L2; Q, K/V and every write come after the wait, so a CTA can start
+//!   while the previous kernel in the stream finishes. The dependents' launch is allowed right
+//!   after the wait.
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
