@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 
 use crate::error::Result;
 use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
@@ -235,10 +235,19 @@ impl<T: Element> DeviceProblem<T> {
 
     /// Decode arguments and the workspace, borrowed together.
     pub fn args_and_workspace(&mut self) -> (BatchPagedDecodeArgs<'_, T>, Workspace<'_>) {
+        self.args_and_workspace_with_q(None)
+    }
+
+    /// As [`Self::args_and_workspace`], with the queries read from `q` (same shape) when given,
+    /// e.g. the output of another problem.
+    pub fn args_and_workspace_with_q<'a>(
+        &'a mut self,
+        q: Option<CudaView<'a, T>>,
+    ) -> (BatchPagedDecodeArgs<'a, T>, Workspace<'a>) {
         let (b, hq, n, store) = self.shape;
         let d = store[3];
         let args = BatchPagedDecodeArgs {
-            q: TensorRef::new(self.q.slice(..), [b, hq, d]),
+            q: TensorRef::new(q.unwrap_or_else(|| self.q.slice(..)), [b, hq, d]),
             k_data: TensorRef::new(self.k_data.slice(..), store),
             v_data: TensorRef::new(self.v_data.slice(..), store),
             indices: TensorRef::new(self.indices.slice(..), [n]),

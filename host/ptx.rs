@@ -8,12 +8,13 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// launch (`griddepcontrol`).
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
 
-/// The PTX a device of compute capability `(major, minor)` loads.
+/// The PTX a device of compute capability `(major, minor)` loads: the sm_90 build from 9.0 on.
 pub fn for_compute_capability(cc: (u32, u32)) -> &'static str {
-    if cc.0 >= 9 { PTX_SM90 } else { PTX }
+    if supports_programmatic_launch(cc) { PTX_SM90 } else { PTX }
 }
 
-/// Whether kernels loaded from [`for_compute_capability`] support programmatic dependent launch.
+/// Whether kernels loaded from [`for_compute_capability`] support programmatic dependent launch
+/// (only the sm_90 build has `griddepcontrol`).
 pub fn supports_programmatic_launch(cc: (u32, u32)) -> bool {
     cc.0 >= 9
 }

@@ -300,7 +300,6 @@ fn decode_deterministic_and_graph_replay() {
 #[test]
 fn chained_decodes_see_the_previous_kernels_output() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    use paged_decode::{BatchPagedDecodeArgs, TensorMut, TensorRef};
     let Some(dev) = device("chained_decodes_see_the_previous_kernels_output") else { return };
     let s = &dev.stream;
     for (i, spec) in
@@ -321,20 +320,8 @@ fn chained_decodes_see_the_previous_kernels_output() {
                     let (mut args, mut ws) = a.args_and_workspace();
                     plan.run(s, &mut ws, &mut args).unwrap();
                 }
-                let (bs, hq, d) = (spec.batch() as i32, spec.num_qo_heads as i32, spec.head_dim as i32);
-                let kv = second.desc.paged_kv;
-                let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
-                let mut args = BatchPagedDecodeArgs {
-                    q: TensorRef::new(a.o.slice(..), [bs, hq, d]),
-                    k_data: TensorRef::new(b.k_data.slice(..), store),
-                    v_data: TensorRef::new(b.v_data.slice(..), store),
-                    indices: TensorRef::new(b.indices.slice(..), [b.indices.len() as i32]),
-                    indptr: TensorRef::new(b.indptr.slice(..), [bs + 1]),
-                    last_page_len: TensorRef::new(b.last_page_len.slice(..), [bs]),
-                    o: TensorMut::new(b.o.slice_mut(..), [bs, hq, d]),
-                    lse: TensorMut::new(b.lse.slice_mut(..), [bs, hq]),
-                };
-                plan.run(s, &mut Workspace::Borrowed(b.workspace.slice_mut(..)), &mut args).unwrap();
+                let (mut args, mut ws) = b.args_and_workspace_with_q(Some(a.o.slice(..)));
+                plan.run(s, &mut ws, &mut args).unwrap();
             };
             s.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
             s.memcpy_htod(&vec![f16::NAN; b.o.len()], &mut b.o).unwrap();
