@@ -17,6 +17,7 @@ fn main() {
         plot: Some(target.join("bench.svg")),
         check: false,
         programmatic_launch: true,
+        num_splits: None,
     };
     if let Err(e) = run_cli(&opts) {
         eprintln!("error: {e}");

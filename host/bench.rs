@@ -63,8 +63,10 @@ pub struct BenchRow {
     pub tb_s: f64,
     /// `tb_s` as a percentage of the measured read ceiling.
     pub pct_of_ceiling: f64,
-    /// KV splits the selected plan uses.
+    /// KV splits per request (at equal lengths) the selected plan uses.
     pub num_splits: u32,
+    /// Chunks the kernel partitions the requests into (CTAs per KV head and head block).
+    pub num_chunks: u32,
     /// Largest relative L2 error of the checked requests, when checking was on.
     pub max_rel_err: Option<f64>,
 }
@@ -82,6 +84,8 @@ pub struct BenchOptions {
     pub check: bool,
     /// Launch with programmatic dependent launch where the GPU supports it (the default).
     pub programmatic_launch: bool,
+    /// Chunks per request instead of the plan's rule ([`PlanPreference::num_splits`]).
+    pub num_splits: Option<u32>,
 }
 
 /// Median time of one call.
@@ -205,6 +209,7 @@ pub fn bench_shape<T: Element>(
         tb_s,
         pct_of_ceiling: 100.0 * tb_s / ceiling,
         num_splits: plan.config().num_splits,
+        num_chunks: plan.config().num_chunks(plan.descriptor()),
         max_rel_err,
     })
 }
@@ -221,9 +226,16 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         Err(e) => return Err(e.into()),
     };
     let ceiling = read_ceiling(&device)?;
-    let pref = PlanPreference { programmatic_launch: opts.programmatic_launch, ..PlanPreference::default() };
+    let pref = PlanPreference {
+        programmatic_launch: opts.programmatic_launch,
+        num_splits: opts.num_splits,
+        ..PlanPreference::default()
+    };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
-    println!("{:<28} {:>10} {:>8} {:>8} {:>7} {:>10}", "shape", "µs", "TB/s", "%ceil", "splits", "rel err");
+    println!(
+        "{:<28} {:>10} {:>8} {:>8} {:>7} {:>7} {:>10}",
+        "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "rel err"
+    );
     let mut rows = Vec::new();
     for shape in &shapes {
         let row = match shape.dtype.as_str() {
@@ -233,12 +245,13 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
             other => return Err(format!("{}: unknown dtype {other}", shape.name).into()),
         };
         println!(
-            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>10}",
+            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>7} {:>10}",
             row.name,
             row.us,
             row.tb_s,
             row.pct_of_ceiling,
             row.num_splits,
+            row.num_chunks,
             row.max_rel_err.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "-".into())
         );
         rows.push(row);

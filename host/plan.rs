@@ -18,7 +18,11 @@ use crate::types::*;
 /// Head dimensions with compiled kernels.
 pub const SUPPORTED_HEAD_DIMS: [i32; 3] = [64, 128, 256];
 /// Upper bound on KV splits per request.
-pub const MAX_SPLITS: u32 = 64;
+pub const MAX_SPLITS: u32 = params::MAX_CHUNKS_PER_REQUEST;
+/// Preferred chunk, in pipeline tiles: one with fewer tiles is mostly fixed latency.
+const PREFERRED_CHUNK_TILES: u32 = 4;
+/// Grid y limit: the split kernels' chunks run along y.
+const MAX_GRID_Y: u32 = 65535;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
 const WAVE_EFFICIENCY: f64 = 0.85;
 
@@ -124,10 +128,17 @@ pub struct DecodeConfig {
     pub q_tiles: u32,
     /// Dynamic shared memory per CTA.
     pub smem_bytes: u32,
-    /// KV chunks per request; > 1 adds the merge pass and needs a workspace.
+    /// Chunks per request at equal lengths; > 1 adds the merge pass and needs a workspace. The
+    /// kernel then partitions `batch × num_splits` chunks by the actual lengths: long requests
+    /// get more chunks than short ones.
     pub num_splits: u32,
+    /// Chunks beyond `batch × num_splits` that only lengths longer than the batch's average use
+    /// (a long request among short ones is split further); > 0 also selects the split kernel.
+    pub spare_chunks: u32,
     /// Smallest chunk a split takes, in tokens.
     pub min_chunk: u32,
+    /// Chunk size the kernel prefers when half the chunks stay busy (four tiles).
+    pub preferred_chunk: u32,
     /// CTAs resident at once on the device (SMs × CTAs per SM): one wave.
     pub wave_ctas: u32,
 }
@@ -164,61 +175,88 @@ impl DecodeConfig {
         let base = desc.batch_size as u64 * kv.num_kv_heads as u64 * head_blocks as u64;
         let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
         let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
-        let fits = |s: u32| {
-            let cfg =
-                Self { kernel, head_blocks, q_tiles, smem_bytes, num_splits: s, min_chunk: 0, wave_ctas: 0 };
-            cfg.workspace_size(desc) <= max_workspace_bytes
+        let min_chunk = match kernel {
+            DecodeKernel::Mma => params::decode_tile_tokens(d),
+            DecodeKernel::Simt => 64,
         };
+        let probe = Self {
+            kernel,
+            head_blocks,
+            q_tiles,
+            smem_bytes,
+            num_splits: 1,
+            spare_chunks: 0,
+            min_chunk,
+            preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
+            wave_ctas: wave.min(u32::MAX as u64) as u32,
+        };
+        let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
         let mut num_splits = 1;
+        let mut spare_chunks = 0;
+        let per_request = base / desc.batch_size as u64; // CTAs per request and chunk
         if 2 * base <= wave {
             // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
             // shorter chunks), within MAX_SPLITS and the workspace.
             let most = (wave / base.max(1)).min(MAX_SPLITS as u64) as u32;
             num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
         } else if efficiency(base) < WAVE_EFFICIENCY {
-            let mut best = (efficiency(base), 1);
-            for s in 2..=MAX_SPLITS {
-                if !fits(s) {
-                    break;
+            // Up to one wave: one chunk per request at equal lengths (splitting them measured
+            // slower), plus up to a wave's worth of spare chunks (fewer than `batch`, so equal
+            // lengths stay unsplit) for requests longer than the average.
+            let extra = (wave / per_request).min(desc.batch_size as u64 - 1) as u32;
+            let with_spare = Self { spare_chunks: extra, ..probe };
+            if base <= wave && extra > 0 && with_spare.fits(desc, max_workspace_bytes) {
+                spare_chunks = extra;
+            } else {
+                // More than a wave: split until the last wave is busy enough.
+                let mut best = (efficiency(base), 1);
+                for s in 2..=MAX_SPLITS {
+                    if !fits(s) {
+                        break;
+                    }
+                    let e = efficiency(base * s as u64);
+                    if e > best.0 + 1e-9 {
+                        best = (e, s);
+                    }
+                    if e >= WAVE_EFFICIENCY {
+                        break;
+                    }
                 }
-                let e = efficiency(base * s as u64);
-                if e > best.0 + 1e-9 {
-                    best = (e, s);
-                }
-                if e >= WAVE_EFFICIENCY {
-                    break;
-                }
+                num_splits = best.1;
             }
-            num_splits = best.1;
         }
-        Ok(Self {
-            kernel,
-            head_blocks,
-            q_tiles,
-            smem_bytes,
-            num_splits,
-            min_chunk: match kernel {
-                DecodeKernel::Mma => params::decode_tile_tokens(d),
-                DecodeKernel::Simt => 64,
-            },
-            wave_ctas: wave.min(u32::MAX as u64) as u32,
-        })
+        Ok(Self { num_splits, spare_chunks, ..probe })
     }
 
-    /// Workspace bytes: partial outputs and log-sum-exps of every split.
+    /// Whether the workspace and the grid hold this configuration.
+    fn fits(&self, desc: &BatchPagedDecodeDescriptor, max_workspace_bytes: usize) -> bool {
+        self.workspace_size(desc) <= max_workspace_bytes && self.num_chunks(desc) <= MAX_GRID_Y
+    }
+
+    /// CTAs along grid x, `batch × num_splits + spare_chunks`: the chunks the kernel partitions
+    /// the requests into by their lengths, on the device.
+    pub fn num_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        desc.batch_size as u32 * self.num_splits + self.spare_chunks
+    }
+
+    /// Whether requests may be split (the split kernel, a workspace and a merge).
+    pub fn is_split(&self) -> bool {
+        self.num_splits > 1 || self.spare_chunks > 0
+    }
+
+    /// Workspace bytes: partial outputs and log-sum-exps of every chunk.
     pub fn workspace_size(&self, desc: &BatchPagedDecodeDescriptor) -> usize {
-        if self.num_splits <= 1 {
+        if !self.is_split() {
             return 0;
         }
-        let (o, _) = partial_sizes(desc, self.num_splits);
-        let rows = self.num_splits as usize * desc.batch_size as usize * desc.num_qo_heads as usize;
+        let (o, rows) = partial_sizes(desc, self.num_chunks(desc));
         o + rows * 4
     }
 }
 
 /// Bytes of the partial-O region (rounded to 256) and rows of partial lse.
-fn partial_sizes(desc: &BatchPagedDecodeDescriptor, splits: u32) -> (usize, usize) {
-    let rows = splits as usize * desc.batch_size as usize * desc.num_qo_heads as usize;
+fn partial_sizes(desc: &BatchPagedDecodeDescriptor, chunks: u32) -> (usize, usize) {
+    let rows = chunks as usize * desc.num_qo_heads as usize;
     ((rows * desc.paged_kv.head_dim as usize * 4).next_multiple_of(256), rows)
 }
 
@@ -318,7 +356,20 @@ impl<T: Element> BatchPagedDecodePlan<T> {
                 props.compute_capability.0, props.compute_capability.1
             )));
         }
-        let config = DecodeConfig::choose(desc, &props, pref.max_workspace_bytes)?;
+        let mut config = DecodeConfig::choose(desc, &props, pref.max_workspace_bytes)?;
+        if let Some(s) = pref.num_splits {
+            if !(1..=MAX_SPLITS).contains(&s) {
+                return Err(Error::Unsupported(format!("num_splits {s} is outside 1..={MAX_SPLITS}")));
+            }
+            config.num_splits = s;
+            config.spare_chunks = 0;
+            if config.num_chunks(desc) > MAX_GRID_Y {
+                return Err(Error::Unsupported(format!(
+                    "batch_size × num_splits = {} exceeds the grid limit {MAX_GRID_Y}",
+                    config.num_chunks(desc)
+                )));
+            }
+        }
         if config.workspace_size(desc) > pref.max_workspace_bytes {
             return Err(Error::Unsupported(format!(
                 "the plan needs {} workspace bytes; max_workspace_bytes is {}",
@@ -332,13 +383,13 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             ElementKind::BF16 => "bf16",
             _ => "f32",
         };
-        let split = if config.num_splits > 1 { "split_" } else { "" };
+        let split = if config.is_split() { "split_" } else { "" };
         let decode_name = match config.kernel {
             DecodeKernel::Mma => format!("decode_mma_{split}{suffix}_d{d}"),
             DecodeKernel::Simt => format!("decode_simt_{split}{suffix}_d{d}"),
         };
         let arch = if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 };
-        let counters = if config.num_splits > 1 {
+        let counters = if config.is_split() {
             let ctas =
                 desc.batch_size as usize * desc.paged_kv.num_kv_heads as usize * config.head_blocks as usize;
             Some(stream.alloc_zeros::<u32>(ctas)?)
@@ -460,7 +511,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             Workspace::Borrowed(ws) if needed > 0 => {
                 let (base, guard) = ws.device_ptr_mut(stream);
                 aligned("workspace", base, 16)?;
-                let (o_bytes, _) = partial_sizes(&self.desc, self.config.num_splits);
+                let (o_bytes, _) = partial_sizes(&self.desc, self.config.num_chunks(&self.desc));
                 (base, base + o_bytes as u64, Some(guard))
             }
             _ => (0, 0, None),
@@ -483,19 +534,22 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             page_size: kv.page_size as u32,
             num_total_pages: kv.num_total_pages as u32,
             num_indices: args.indices.shape[0] as u32,
-            num_splits: self.config.num_splits,
+            num_chunks: self.config.num_chunks(&self.desc),
             min_chunk: self.config.min_chunk,
+            preferred_chunk: self.config.preferred_chunk,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
             // Only CTAs of the first wave can start before the previous kernel ends.
             prefetch_ctas: if self.programmatic { self.config.wave_ctas } else { 0 },
         };
+        let head_blocks = kv.num_kv_heads as u32 * self.config.head_blocks;
         let cfg = LaunchConfig {
-            grid_dim: (
-                self.desc.batch_size as u32,
-                kv.num_kv_heads as u32 * self.config.head_blocks,
-                self.config.num_splits,
-            ),
+            // Split: head blocks along x (consecutive CTAs share a chunk), chunks along y.
+            grid_dim: if self.config.is_split() {
+                (head_blocks, self.config.num_chunks(&self.desc), 1)
+            } else {
+                (self.desc.batch_size as u32, head_blocks, 1)
+            },
             block_dim: (params::DECODE_THREADS, 1, 1),
             shared_mem_bytes: self.config.smem_bytes,
         };

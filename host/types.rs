@@ -194,6 +194,10 @@ pub struct PlanPreference {
     /// So the kernel launched right before `run` must not write the page table (one that writes
     /// `q` or K/V, such as an append, is fine). Ignored before sm_90.
     pub programmatic_launch: bool,
+    /// Chunks per request at equal lengths (`1..=MAX_SPLITS`) instead of the plan's rule, which
+    /// derives it from the SM count and the batch's CTA count. The kernel still partitions
+    /// `batch × num_splits` chunks by the actual lengths. For tuning and benchmarks.
+    pub num_splits: Option<u32>,
 }
 
 impl Default for PlanPreference {
@@ -204,6 +208,7 @@ impl Default for PlanPreference {
             prefer_backend: None,
             checked: false,
             programmatic_launch: true,
+            num_splits: None,
         }
     }
 }

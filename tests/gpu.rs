@@ -206,7 +206,8 @@ fn decode_random_sweep() {
 }
 
 /// Explicit edge cases: empty batch members, single tokens, full last pages, page sizes 1 and
-/// 256, groups 1 and 64, large batches, long contexts.
+/// 256, groups 1 and 64, large batches, long contexts, one long request among short ones (split
+/// into many chunks by the length-aware partition).
 #[test]
 fn decode_edge_cases() {
     let Some(dev) = device("decode_edge_cases") else { return };
@@ -226,6 +227,20 @@ fn decode_edge_cases() {
         ("group 64", ProblemSpec::uniform(2, 300, 128, 2, 128, 16)),
         ("group 65", ProblemSpec::uniform(2, 200, 65, 1, 64, 8)),
         ("long context", ProblemSpec::uniform(1, 20000, 32, 8, 128, 16)),
+        (
+            "one long request among short and empty ones",
+            ProblemSpec {
+                lens: vec![0, 1, 30000, 0, 5, 17, 2],
+                ..ProblemSpec::uniform(7, 0, 32, 8, 128, 16)
+            },
+        ),
+        (
+            "one request in 63 chunks",
+            ProblemSpec {
+                lens: (0..40).map(|i| if i == 17 { 20000 } else { 1 }).collect(),
+                ..ProblemSpec::uniform(40, 0, 4, 1, 128, 16)
+            },
+        ),
         (
             "batch 16384",
             ProblemSpec {
@@ -255,7 +270,10 @@ fn decode_edge_cases() {
 fn decode_deterministic_and_graph_replay() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let Some(dev) = device("decode_deterministic_and_graph_replay") else { return };
-    for spec in [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(64, 700, 32, 8, 128, 16)]
+    let ragged =
+        ProblemSpec { lens: vec![3000, 10, 0, 1200, 1], ..ProblemSpec::uniform(5, 0, 32, 8, 128, 16) };
+    for spec in
+        [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(64, 700, 32, 8, 128, 16), ragged]
     {
         let host = HostProblem::<f16>::random(&spec);
         let plan =

@@ -304,7 +304,7 @@ fn decode_descriptor_case<T: Element>(
             prop_assert!((1..=MAX_SPLITS).contains(&cfg.num_splits), "{cfg:?}");
             let ws = cfg.workspace_size(desc);
             prop_assert!(ws <= max_ws, "workspace {ws} > limit {max_ws}: {cfg:?}");
-            prop_assert!(cfg.num_splits > 1 || ws == 0);
+            prop_assert!(cfg.is_split() || ws == 0);
         }
         Err(Error::Unsupported(_)) => {}
         Err(e) => return Err(TestCaseError::fail(format!("choose: {e:?}"))),

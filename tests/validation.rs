@@ -497,18 +497,26 @@ fn batch_one_is_split() {
 }
 
 /// Half a wave of CTAs or less: split as far as one wave holds (132 SMs × 2 CTAs for the
-/// tensor-core kernel); in between, the last wave is at least 85 % busy.
+/// tensor-core kernel). Up to one wave: no split at equal lengths, plus spare chunks (fewer than
+/// the batch) for long requests. Beyond: the last wave is at least 85 % busy.
 #[test]
 fn small_batches_fill_one_wave() {
     for (batch, want) in [(1, 33), (2, 16), (4, 8), (8, 4), (16, 2)] {
         let desc = decode_desc(ElementKind::F16, batch, 32, 8, 128);
         let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-        assert_eq!(cfg.num_splits, want, "batch {batch}: {cfg:?}");
+        assert_eq!((cfg.num_splits, cfg.spare_chunks), (want, 0), "batch {batch}: {cfg:?}");
+        assert_eq!(cfg.num_chunks(&desc), batch as u32 * want);
         assert_eq!(cfg.wave_ctas, 264);
     }
     let desc = decode_desc(ElementKind::F16, 24, 32, 8, 128);
     let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-    let ctas = 24 * 8 * cfg.num_splits as u64;
+    assert_eq!((cfg.num_splits, cfg.spare_chunks), (1, 23), "{cfg:?}");
+    assert!(cfg.is_split() && cfg.workspace_size(&desc) >= 47 * 32 * (128 + 1) * 4);
+
+    let desc = decode_desc(ElementKind::F16, 40, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    let ctas = 40 * 8 * cfg.num_splits as u64;
+    assert_eq!(cfg.spare_chunks, 0, "{cfg:?}");
     assert!(ctas as f64 / (ctas.div_ceil(264) * 264) as f64 >= 0.85, "{cfg:?}");
 }
 

@@ -49,6 +49,9 @@ enum Command {
         /// Launch without programmatic dependent launch (on by default on sm_90+).
         #[arg(long)]
         no_programmatic_launch: bool,
+        /// Chunks per request instead of the plan's rule (1..=64; tuning).
+        #[arg(long)]
+        splits: Option<u32>,
     },
 }
 
@@ -57,13 +60,14 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Run { batch: 32, kv_len: 4096 }) {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
         Command::Inspect { ptx, arch } => inspect(ptx, &arch),
-        Command::Bench { shapes, json, plot, check, no_programmatic_launch } => {
+        Command::Bench { shapes, json, plot, check, no_programmatic_launch, splits } => {
             bench::run_cli(&bench::BenchOptions {
                 shapes,
                 json,
                 plot,
                 check,
                 programmatic_launch: !no_programmatic_launch,
+                num_splits: splits,
             })
         }
     };

@@ -7,10 +7,13 @@
 //! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
 //!
 //! Parallelisation
-//! - Grid `(batch, num_kv_heads * head_blocks, num_splits)`. One CTA of 4 warps owns one
-//!   (request, KV head, block of ≤ 64 query heads of its GQA group (32 for D = 256), token
-//!   chunk). Every K/V byte of the chunk is read from HBM once and shared by all query heads of
-//!   the block.
+//! - Grid `(num_chunks, num_kv_heads * head_blocks)` (split: the two swapped, see
+//!   [`cta_coords`]). One CTA of 4 warps owns one
+//!   (token chunk of a request, KV head, block of ≤ 64 query heads of its GQA group (32 for
+//!   D = 256)). Unsplit, chunk `x` is request `x`; split, every CTA derives the same
+//!   length-aware partition of the requests into `num_chunks` chunks from the page table
+//!   ([`crate::partition`]). Every K/V byte of the chunk is read from HBM once and shared by all
+//!   query heads of the block.
 //! - K/V tiles of 16 KB each (8192 / D tokens) stream global → shared through a 3-stage
 //!   `cp.async` pipeline; page ids of the next tile are resolved one iteration ahead, one thread
 //!   per row, into a shared ring.
@@ -18,9 +21,10 @@
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
 //!   columns between them; their partial (m, l, O) are combined through shared memory at the end.
-//! - With `num_splits > 1` each CTA writes a partial (O, lse) to the workspace and the last CTA
-//!   of its (request, KV head, head block) to finish combines them ([`finish_split`]); with 1
-//!   split the CTA writes `o` and `lse` directly. One launch either way.
+//! - A request split into several chunks has each CTA write a partial (O, lse) to the workspace,
+//!   and the last CTA of its (request, KV head, head block) to finish combines them
+//!   ([`finish_split`]); a request in one chunk is written to `o` and `lse` directly. One launch
+//!   either way.
 //! - Programmatic dependent launch (sm_90 build): before `griddepcontrol.wait` a CTA reads only
 //!   the page table (chunk bounds, the first tiles' page rows) and, in the first wave, prefetches
 //!   its first tiles into L2; Q, K/V and every write come after the wait, so a CTA can start
@@ -32,38 +36,12 @@
 use crate::element::{Elem, MmaElem};
 use crate::intrinsics::*;
 use crate::params::{DECODE_STAGES, DECODE_THREADS, DecodeParams, decode_d_parts, decode_heads_per_cta};
+use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
 
 const WARPS: u32 = DECODE_THREADS / 32;
 const STAGES: u32 = DECODE_STAGES;
 // One thread per tile row resolves page lookups.
 const _: () = assert!(DECODE_THREADS >= crate::params::decode_tile_tokens(64));
-
-/// Token range `[begin, end)` of one split of request `b`, and the request's first index slot.
-pub struct Chunk {
-    pub begin: u32,
-    pub end: u32,
-    pub first_index: u32,
-    pub num_pages: u32,
-    /// Splits of this request that own at least one token (the others are empty).
-    pub live_splits: u32,
-}
-
-#[inline(always)]
-pub unsafe fn request_chunk(p: &DecodeParams, b: u32, split: u32) -> Chunk {
-    let indptr = p.indptr as *const i32;
-    let clamp = |v: i32| (v.max(0) as u32).min(p.num_indices);
-    let start = clamp(unsafe { ld_nc_i32(indptr.add(b as usize)) });
-    let stop = clamp(unsafe { ld_nc_i32(indptr.add(b as usize + 1)) }).max(start);
-    let num_pages = stop - start;
-    let last = unsafe { ld_nc_i32((p.last_page_len as *const i32).add(b as usize)) };
-    let last = (last.max(0) as u32).min(p.page_size);
-    let len = if num_pages == 0 { 0 } else { (num_pages - 1) * p.page_size + last };
-    let per_split = len.div_ceil(p.num_splits).next_multiple_of(16).max(p.min_chunk);
-    let begin = split.saturating_mul(per_split).min(len);
-    let end = begin.saturating_add(per_split).min(len);
-    let live_splits = if len == 0 { 0 } else { len.div_ceil(per_split) };
-    Chunk { begin, end, first_index: start, num_pages, live_splits }
-}
 
 /// Row index (in units of `head_dim` elements) of token `t` for KV head `h`; the page id is
 /// clamped into the store.
@@ -85,8 +63,8 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 
 /// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
 /// columns) per warp, `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage,
-/// `Q_IN_REGS` keeps the query fragments in registers, `SPLIT` selects the split-KV epilogue
-/// (partials + merge) over writing `o` and `lse` directly; `MERGE_BATCH` partial rows per lane
+/// `Q_IN_REGS` keeps the query fragments in registers, `SPLIT` partitions the requests into
+/// chunks (partials + merge) instead of one CTA per request; `MERGE_BATCH` partial rows per lane
 /// are in flight in the merge.
 #[inline(always)]
 pub unsafe fn decode_mma<
@@ -110,7 +88,7 @@ pub unsafe fn decode_mma<
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
-    let (b, y, split) = block_idx();
+    let (item, y, head_blocks_all) = cta_coords::<SPLIT>();
     let group = p.num_qo_heads / p.num_kv_heads;
     let head_blocks = group.div_ceil(heads_per_cta);
     let kv_head = y / head_blocks;
@@ -125,11 +103,13 @@ pub unsafe fn decode_mma<
     let d_part = warp / q_tiles / phases;
     let first_qo_head = kv_head * group + head0;
 
-    let chunk = unsafe { request_chunk(p, b, split) };
     let cpr = D / 8; // 16-byte chunks per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
     let tile_bytes = TILE * D * 2;
+    let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
+    let Some(chunk) = chunk else { return };
+    let b = chunk.request;
 
     let n_tiles = (chunk.end - chunk.begin).div_ceil(TILE);
     let c = tid % cpr;
@@ -175,7 +155,11 @@ pub unsafe fn decode_mma<
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
-    let linear_cta = b as u64 + p.batch as u64 * (y + grid_dim_y() * split) as u64;
+    let linear_cta = if SPLIT {
+        y as u64 + head_blocks_all as u64 * item as u64
+    } else {
+        item as u64 + p.batch as u64 * y as u64
+    };
     if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
         for s in 0..STAGES - 1 {
             let slot = ring + (s % STAGES) * TILE * 4;
@@ -376,49 +360,40 @@ pub unsafe fn decode_mma<
         let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
         let qo = (b * p.num_qo_heads + first_qo_head + row) as usize;
-        unsafe {
-            write_row_quad::<T, SPLIT>(
-                p,
-                split,
-                qo,
-                D,
-                d4,
-                [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv],
-                lse,
-            )
-        };
+        let partial = (chunk.chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
+        let v = [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv];
+        unsafe { write_row_quad::<T>(p, partial, qo, D, d4, v, lse) };
         e += DECODE_THREADS;
     }
-    if SPLIT {
-        unsafe {
-            finish_split::<T, D, VPL, MERGE_BATCH>(
-                p,
-                (b * p.num_qo_heads + first_qo_head) as usize,
-                heads,
-                chunk.live_splits,
-            )
-        };
+    if SPLIT && chunk.chunks > 1 {
+        unsafe { finish_split::<T, D, VPL, MERGE_BATCH>(p, &chunk, first_qo_head, heads) };
     }
+}
+
+/// Workspace row of the partial (O, lse) of query head `head` (of the request) in item `item`.
+#[inline(always)]
+fn partial_row(p: &DecodeParams, item: u32, head: u32) -> usize {
+    item as usize * p.num_qo_heads as usize + head as usize
 }
 
 /// Split-KV epilogue: after every CTA of a (request, KV head, head block) has written its
 /// partials, the last one to arrive (counted in `p.counters`, which it resets to 0 for the next
-/// launch) combines all splits of its `heads` rows starting at row `first_row`. The splits are
-/// combined in index order whichever CTA is last, so the result is deterministic.
+/// launch) combines all chunks of the `heads` query heads from `first_head` (of the request).
+/// The chunks are combined in item order whichever CTA is last, so the result is deterministic.
 #[inline(always)]
 unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATCH: usize>(
     p: &DecodeParams,
-    first_row: usize,
+    chunk: &Chunk,
+    first_head: u32,
     heads: u32,
-    live_splits: u32,
 ) {
-    let (b, y, _) = block_idx();
-    let counter = unsafe { (p.counters as *mut u32).add((b * grid_dim_y() + y) as usize) };
+    let (_, y, head_blocks) = cta_coords::<true>();
+    let counter = unsafe { (p.counters as *mut u32).add((chunk.request * head_blocks + y) as usize) };
     fence_acq_rel_gpu();
     sync_threads();
     let mut last = false;
     if thread_idx() == 0 {
-        last = unsafe { atomic_add_acq_rel_u32(counter, 1) } == p.num_splits - 1;
+        last = unsafe { atomic_add_acq_rel_u32(counter, 1) } == chunk.chunks - 1;
     }
     if !sync_threads_or(last) {
         return;
@@ -427,44 +402,44 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATC
         unsafe { *counter = 0 };
     }
     fence_acq_rel_gpu();
-    let mut h = thread_idx() / 32;
-    while h < heads {
-        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, first_row + h as usize, live_splits) };
+    let mut h = first_head + thread_idx() / 32;
+    while h < first_head + heads {
+        let row = (chunk.request * p.num_qo_heads + h) as usize;
+        let first_partial = partial_row(p, chunk.first_item, h);
+        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, first_partial, chunk.chunks) };
         h += WARPS;
     }
 }
 
 /// Writes 4 consecutive outputs of row `qo` (and its lse, from the `d4 == 0` thread): to `o`/`lse`
-/// without splitting, else to this split's slot of the workspace.
+/// when the request is in one chunk, else to workspace row `partial`.
 #[inline(always)]
-unsafe fn write_row_quad<T: Elem, const SPLIT: bool>(
+unsafe fn write_row_quad<T: Elem>(
     p: &DecodeParams,
-    split: u32,
+    partial: Option<usize>,
     qo: usize,
     head_dim: u32,
     d4: u32,
     v: [f32; 4],
     lse: f32,
 ) {
-    let rows = p.batch as usize * p.num_qo_heads as usize;
     let col = (d4 * 4) as usize;
     unsafe {
-        if !SPLIT {
-            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
-            for i in 0..4 {
-                *out.add(i) = T::from_f32(v[i]);
-            }
-            if d4 == 0 {
-                *(p.lse as *mut f32).add(qo) = lse;
-            }
-        } else {
-            let slot = split as usize * rows + qo;
+        if let Some(slot) = partial {
             let out = (p.partial_o as *mut f32).add(slot * head_dim as usize + col);
             for i in 0..4 {
                 *out.add(i) = v[i];
             }
             if d4 == 0 {
                 *(p.partial_lse as *mut f32).add(slot) = lse;
+            }
+        } else {
+            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
+            for i in 0..4 {
+                *out.add(i) = T::from_f32(v[i]);
+            }
+            if d4 == 0 {
+                *(p.lse as *mut f32).add(qo) = lse;
             }
         }
     }
@@ -478,9 +453,11 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
-    let (b, kv_head, split) = block_idx();
+    let (item, kv_head, _) = cta_coords::<SPLIT>();
     let group = p.num_qo_heads / p.num_kv_heads;
-    let chunk = unsafe { request_chunk(p, b, split) };
+    let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
+    let Some(chunk) = chunk else { return };
+    let b = chunk.request;
     grid_dependency_wait();
     allow_dependent_launch();
     let col = lane * VPL as u32;
@@ -514,64 +491,57 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         }
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
+        let partial = (chunk.chunks > 1).then(|| partial_row(p, item, kv_head * group + head));
         for j in 0..VPL / 4 {
             let d4 = lane * (VPL as u32 / 4) + j as u32;
             let v = [o[4 * j] * inv, o[4 * j + 1] * inv, o[4 * j + 2] * inv, o[4 * j + 3] * inv];
-            unsafe { write_row_quad::<T, SPLIT>(p, split, qo, D, d4, v, lse) };
+            unsafe { write_row_quad::<T>(p, partial, qo, D, d4, v, lse) };
         }
         if VPL < 4 {
             // D = 64: two values per lane; write them as a pair.
-            unsafe { write_row_pair::<T, SPLIT>(p, split, qo, D, lane, [o[0] * inv, o[VPL - 1] * inv], lse) };
+            unsafe { write_row_pair::<T>(p, partial, qo, D, lane, [o[0] * inv, o[VPL - 1] * inv], lse) };
         }
         head += WARPS;
     }
-    if SPLIT {
-        unsafe {
-            // A small merge batch keeps the streaming loop's register count low.
-            finish_split::<T, D, VPL, 4>(
-                p,
-                (b * p.num_qo_heads + kv_head * group) as usize,
-                group,
-                chunk.live_splits,
-            )
-        };
+    if SPLIT && chunk.chunks > 1 {
+        // A small merge batch keeps the streaming loop's register count low.
+        unsafe { finish_split::<T, D, VPL, 4>(p, &chunk, kv_head * group, group) };
     }
 }
 
 #[inline(always)]
-unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(
+unsafe fn write_row_pair<T: Elem>(
     p: &DecodeParams,
-    split: u32,
+    partial: Option<usize>,
     qo: usize,
     head_dim: u32,
     lane: u32,
     v: [f32; 2],
     lse: f32,
 ) {
-    let rows = p.batch as usize * p.num_qo_heads as usize;
     let col = (lane * 2) as usize;
     unsafe {
-        if !SPLIT {
-            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
-            *out = T::from_f32(v[0]);
-            *out.add(1) = T::from_f32(v[1]);
-            if lane == 0 {
-                *(p.lse as *mut f32).add(qo) = lse;
-            }
-        } else {
-            let slot = split as usize * rows + qo;
+        if let Some(slot) = partial {
             let out = (p.partial_o as *mut f32).add(slot * head_dim as usize + col);
             *out = v[0];
             *out.add(1) = v[1];
             if lane == 0 {
                 *(p.partial_lse as *mut f32).add(slot) = lse;
             }
+        } else {
+            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
+            *out = T::from_f32(v[0]);
+            *out.add(1) = T::from_f32(v[1]);
+            if lane == 0 {
+                *(p.lse as *mut f32).add(qo) = lse;
+            }
         }
     }
 }
 
 /// Combines the partials (O, lse) of output row `row` (request × query head) over the request's
-/// `live` non-empty splits (≤ 64) with one warp. The lse values (one per lane) and the first
+/// `live` chunks (≤ 64; chunk `s` in workspace row `first_partial + s · num_qo_heads`) with one
+/// warp. The lse values (one per lane) and the first
 /// `BATCH` partial rows are loaded together, so the merge costs one round trip to L2 per `BATCH`
 /// splits; partials are summed in split order and read through L2 (`ld.global.cg`),
 /// since other CTAs of this launch wrote them.
@@ -579,14 +549,15 @@ unsafe fn write_row_pair<T: Elem, const SPLIT: bool>(
 unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>(
     p: &DecodeParams,
     row: usize,
+    first_partial: usize,
     live: u32,
 ) {
     let lane = thread_idx() % 32;
-    let rows = p.batch as usize * p.num_qo_heads as usize;
+    let slot = |s: u32| first_partial + s as usize * p.num_qo_heads as usize;
     let col = (lane * VPL as u32) as usize;
     let lse_of = |s: u32| {
         if s < live {
-            unsafe { ld_cg_f32((p.partial_lse as *const f32).add(s as usize * rows + row)) }
+            unsafe { ld_cg_f32((p.partial_lse as *const f32).add(slot(s))) }
         } else {
             f32::NEG_INFINITY
         }
@@ -596,8 +567,7 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>
         for u in 0..BATCH {
             let s = s0 + u as u32;
             if s < live {
-                let src =
-                    unsafe { (p.partial_o as *const f32).add((s as usize * rows + row) * D as usize + col) };
+                let src = unsafe { (p.partial_o as *const f32).add(slot(s) * D as usize + col) };
                 v[u] = unsafe { ld_cg_row::<VPL>(src) };
             }
         }

@@ -46,14 +46,31 @@ pub fn smem_ptr() -> *mut u8 {
 }
 
 #[inline(always)]
-pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
+pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     let r: u32;
     unsafe {
         asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
-             r = out(reg32) r, v = in(reg32) v.to_bits(), m = in(reg32) lane_mask,
+             r = out(reg32) r, v = in(reg32) v, m = in(reg32) lane_mask,
              options(nomem, nostack, preserves_flags))
     };
-    f32::from_bits(r)
+    r
+}
+
+#[inline(always)]
+pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
+    f32::from_bits(shfl_xor_u32(v.to_bits(), lane_mask))
+}
+
+/// Value of `v` in lane `lane - delta` (own value in lanes below `delta`).
+#[inline(always)]
+pub fn shfl_up_u32(v: u32, delta: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("shfl.sync.up.b32 {r}, {v}, {d}, 0, 0xffffffff;",
+             r = out(reg32) r, v = in(reg32) v, d = in(reg32) delta,
+             options(nomem, nostack, preserves_flags))
+    };
+    r
 }
 
 /// Value of `v` in lane `src`.
@@ -66,6 +83,23 @@ pub fn shfl_idx(v: f32, src: u32) -> f32 {
              options(nomem, nostack, preserves_flags))
     };
     f32::from_bits(r)
+}
+
+/// `v` of lane `src`.
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
+    shfl_idx(f32::from_bits(v), src).to_bits()
+}
+
+/// Bit `i` set where `pred` holds in lane `i`.
+#[inline(always)]
+pub fn ballot_sync(pred: bool) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
+             x = in(reg32) pred as u32, r = out(reg32) r, options(nomem, nostack))
+    };
+    r
 }
 
 /// Maximum over all 32 lanes.

@@ -14,6 +14,7 @@ pub mod decode;
 pub mod element;
 pub mod intrinsics;
 pub mod params;
+pub mod partition;
 
 use element::{BF16, F16};
 use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_d_parts, decode_tile_tokens};

@@ -21,12 +21,13 @@ pub struct DecodeParams {
     pub o: u64,
     /// `[batch, num_qo_heads]` f32, base-2 log-sum-exp of the scaled logits.
     pub lse: u64,
-    /// Split-KV partial outputs `[num_splits, batch, num_qo_heads, head_dim]` f32 (workspace).
+    /// Split-KV partial outputs `[num_chunks, num_qo_heads, head_dim]` f32 (workspace), one row
+    /// block per item (chunk of a request).
     pub partial_o: u64,
-    /// Split-KV partial log-sum-exps `[num_splits, batch, num_qo_heads]` f32 (workspace).
+    /// Split-KV partial log-sum-exps `[num_chunks, num_qo_heads]` f32 (workspace).
     pub partial_lse: u64,
-    /// Split-KV arrival counters, one u32 per CTA of a split (`batch × gridDim.y`), zero between
-    /// launches (the last CTA resets its counter).
+    /// Split-KV arrival counters, one u32 per (request, `blockIdx.y`) (`batch × gridDim.y`), zero
+    /// between launches (the last CTA of a request resets its counter).
     pub counters: u64,
     pub batch: u32,
     pub num_qo_heads: u32,
@@ -34,10 +35,14 @@ pub struct DecodeParams {
     pub page_size: u32,
     pub num_total_pages: u32,
     pub num_indices: u32,
-    /// Chunks each request's tokens are split into (1: no split, no merge pass).
-    pub num_splits: u32,
+    /// Items (CTAs along grid x) the requests are partitioned into: `batch` for the unsplit
+    /// kernels (one per request), `≥ batch` for the split ones (see `partition`).
+    pub num_chunks: u32,
     /// Smallest chunk, in tokens, a split may take.
     pub min_chunk: u32,
+    /// Chunk size (tokens) the partition grows shorter chunks to, as long as at least half of
+    /// the `num_chunks` items keep a chunk.
+    pub preferred_chunk: u32,
     /// `log2(page_size)` when it is a power of two, else `u32::MAX`.
     pub page_shift: u32,
     /// `sm_scale * log2(e)`: logits are kept in the base-2 domain.
@@ -105,6 +110,8 @@ pub const fn decode_heads_per_cta(head_dim: u32) -> u32 {
 pub const fn decode_d_parts(head_dim: u32) -> u32 {
     if head_dim > 128 { 2 } else { 1 }
 }
+/// Most chunks one request is split into (the merge combines up to 64 partials per row).
+pub const MAX_CHUNKS_PER_REQUEST: u32 = 64;
 /// Pipeline depth of the tensor-core kernel.
 pub const DECODE_STAGES: u32 = 3;
 /// Tokens per pipeline stage: 16 KB of K and 16 KB of V whatever the head_dim.

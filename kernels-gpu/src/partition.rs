@@ -1,0 +1,221 @@
+//! Length-aware split of the requests into chunks, computed on the device by every CTA.
+//!
+//! The host fixes only `num_chunks`, the CTAs along grid x (per KV head and head block); the
+//! lengths live on the device, so every CTA derives the same partition from the page table:
+//! - the chunk size `C` is a multiple of 16 tokens, at least `min_chunk`, `ceil(longest /
+//!   MAX_CHUNKS_PER_REQUEST)` and `preferred_chunk` (unless that leaves fewer than half the items
+//!   busy: short chunks cost more in fixed latency and merging than they gain), near the smallest for which `Σ_b max(1, ceil(len_b / C)) ≤
+//!   num_chunks`: the average chunk if it fits, else a few bisection steps below the smaller of
+//!   two sizes that always fit, `ceil(longest / floor(num_chunks / batch))` and
+//!   `ceil(total / (num_chunks - batch))`;
+//! - request `b` owns the consecutive items `[first_b, first_b + n_b)`, `n_b = max(1,
+//!   ceil(len_b / C))` (an empty request still owns one item, which writes its empty output);
+//! - CTA `x` takes item `x`: tokens `[(x - first_b)·C, …)` of request `b`; CTAs past the last item
+//!   exit at once.
+//!
+//! Long requests thus get more chunks than short ones, so the longest request no longer sets
+//! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets the
+//! same `s` chunks of `ceil(L / s)` tokens (rounded up to 16). The partition reads only `indptr`
+//! and `last_page_len`, so it runs before `griddepcontrol.wait`.
+//!
+//! Every warp computes the whole partition on its own (lanes own contiguous runs of
+//! `ceil(batch / 32)` requests, held in registers up to [`LENS_PER_LANE`]), with shuffles only:
+//! no shared memory and no barrier.
+
+use crate::intrinsics::*;
+use crate::params::{DecodeParams, MAX_CHUNKS_PER_REQUEST};
+
+/// Requests whose page-table entries a lane keeps in registers (batch ≤ 128); larger batches
+/// re-read them on every pass.
+const LENS_PER_LANE: usize = 4;
+/// Bisection steps between the bounds on the chunk size (each a pass over the lengths).
+const BISECTION_STEPS: u32 = 3;
+
+/// Token range `[begin, end)` of one chunk of request `request`.
+pub struct Chunk {
+    pub request: u32,
+    pub begin: u32,
+    pub end: u32,
+    /// The request's first slot in `indices`, and its page count.
+    pub first_index: u32,
+    pub num_pages: u32,
+    /// The request's first item (CTA along grid x) and its number of items; 1: this chunk is the
+    /// whole request and writes `o` directly.
+    pub first_item: u32,
+    pub chunks: u32,
+}
+
+/// Pages of request `b`: (first index slot, page count, tokens). `indptr` and `last_page_len`
+/// are clamped into range, so a corrupt page table yields garbage lengths, never a bad access.
+#[inline(always)]
+pub unsafe fn request_pages(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
+    let indptr = p.indptr as *const i32;
+    let clamp = |v: i32| (v.max(0) as u32).min(p.num_indices);
+    let start = clamp(unsafe { ld_nc_i32(indptr.add(b as usize)) });
+    let stop = clamp(unsafe { ld_nc_i32(indptr.add(b as usize + 1)) }).max(start);
+    let num_pages = stop - start;
+    let last = unsafe { ld_nc_i32((p.last_page_len as *const i32).add(b as usize)) };
+    let last = (last.max(0) as u32).min(p.page_size);
+    let len =
+        if num_pages == 0 { 0 } else { (num_pages - 1).saturating_mul(p.page_size).saturating_add(last) };
+    (start, num_pages, len)
+}
+
+/// Request `b` as a single chunk (the unsplit kernels: item = request).
+#[inline(always)]
+pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
+    let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
+    Chunk { request: b, begin: 0, end: len, first_index, num_pages, first_item: b, chunks: 1 }
+}
+
+/// `max(1, ceil(len / chunk))` without an integer division: an f32 estimate, corrected by at
+/// most one step either way (exact for any u32 inputs; `chunk ≥ 16`).
+#[inline(always)]
+fn chunks_of(len: u32, chunk: u32) -> u32 {
+    let mut n = (len as f32 * (1.0 / chunk as f32)) as u32;
+    if (n as u64) * (chunk as u64) < len as u64 {
+        n += 1;
+    } else if n > 0 && ((n - 1) as u64) * (chunk as u64) >= len as u64 {
+        n -= 1;
+    }
+    n.max(1)
+}
+
+/// `(item, head block, head blocks)` of this CTA: the split kernels put the head blocks along
+/// grid x, so that consecutive CTAs cover the KV heads of one chunk (as the unsplit ones cover
+/// consecutive requests of one head block).
+#[inline(always)]
+pub fn cta_coords<const SPLIT: bool>() -> (u32, u32, u32) {
+    let (x, y, _) = block_idx();
+    if SPLIT { (y, x, grid_dim_x()) } else { (x, y, grid_dim_y()) }
+}
+
+/// Runs `$body` with `$b` and `$entry = (first index, pages, tokens)` bound for each of this
+/// lane's requests, in order (from registers when they fit there).
+macro_rules! each_request {
+    ($ctx:expr, |$b:ident, $entry:pat_param| $body:expr) => {{
+        let (p, pages, first, count, cached) = $ctx;
+        if cached {
+            for k in 0..LENS_PER_LANE {
+                if (k as u32) < count {
+                    let $b = first + k as u32;
+                    let $entry = pages[k];
+                    $body;
+                }
+            }
+        } else {
+            for $b in first..first + count {
+                let $entry = unsafe { request_pages(p, $b) };
+                $body;
+            }
+        }
+    }};
+}
+
+/// The chunk of item `item` under the partition above, or `None` past the last item (the same
+/// in every lane and warp).
+#[inline(always)]
+pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    let lane = thread_idx() % 32;
+    let per_lane = p.batch.div_ceil(32);
+    let first = lane.saturating_mul(per_lane).min(p.batch);
+    let count = first.saturating_add(per_lane).min(p.batch) - first;
+    let cached = per_lane as usize <= LENS_PER_LANE;
+    let mut pages = [(0u32, 0u32, 0u32); LENS_PER_LANE];
+    if cached {
+        for (k, entry) in pages.iter_mut().enumerate() {
+            if (k as u32) < count {
+                *entry = unsafe { request_pages(p, first + k as u32) };
+            }
+        }
+    }
+    // Total tokens and the longest request.
+    let mut total = 0u64;
+    let mut longest = 0u32;
+    let lane_requests = (p, &pages, first, count, cached);
+    each_request!(lane_requests, |_b, (_, _, len)| {
+        total += len as u64;
+        longest = longest.max(len)
+    });
+    for m in [16, 8, 4, 2, 1] {
+        let lo = shfl_xor_u32(total as u32, m) as u64;
+        let hi = shfl_xor_u32((total >> 32) as u32, m) as u64;
+        total += lo | (hi << 32);
+        longest = longest.max(shfl_xor_u32(longest, m));
+    }
+
+    // Items needed with chunk size `c`.
+    let items_with = |c: u32| {
+        let mut n = 0u32;
+        each_request!(lane_requests, |_b, (_, _, len)| n += chunks_of(len, c));
+        warp_sum_u32(n)
+    };
+    let to16 = |x: u64| x.min(u32::MAX as u64 - 15).next_multiple_of(16) as u32;
+    // Lower bound: the average over all chunks. Upper bound that always fits: `k = num_chunks /
+    // batch` chunks for the longest request, so at most `k` for every request.
+    let lo = to16(total.div_ceil(p.num_chunks as u64))
+        .max(to16(longest.div_ceil(MAX_CHUNKS_PER_REQUEST) as u64))
+        .max(to16(p.min_chunk as u64))
+        .max(to16(p.preferred_chunk as u64).min(to16(total.div_ceil((p.num_chunks / 2).max(1) as u64))));
+    let per_request = (p.num_chunks / p.batch.max(1)).max(1);
+    let mut hi = to16(longest.div_ceil(per_request) as u64);
+    if p.num_chunks > p.batch {
+        // Σ ceil(len / c) ≤ total / c + batch ≤ num_chunks for c ≥ total / (num_chunks - batch).
+        hi = hi.min(to16(total.div_ceil((p.num_chunks - p.batch) as u64)));
+    }
+    let hi = hi.max(lo);
+    let chunk = if items_with(lo) <= p.num_chunks {
+        lo
+    } else {
+        // items_with(lo) > num_chunks ≥ items_with(hi); a few bisection steps.
+        let (mut lo, mut hi) = (lo, hi);
+        for _ in 0..BISECTION_STEPS {
+            if hi - lo <= 16 {
+                break;
+            }
+            let mid = lo + ((hi - lo) / 2) / 16 * 16;
+            if items_with(mid) <= p.num_chunks {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    };
+
+    // Prefix sum of the items over the lanes' request runs; the lane holding `item` broadcasts it.
+    let mut mine = 0u32;
+    each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(len, chunk));
+    let mut inclusive = mine;
+    for d in [1, 2, 4, 8, 16] {
+        let v = shfl_up_u32(inclusive, d);
+        if lane >= d {
+            inclusive += v;
+        }
+    }
+    if item >= shfl_idx_u32(inclusive, 31) {
+        return None;
+    }
+    let mut before = inclusive - mine;
+    let mut found = [0u32; 6];
+    each_request!(lane_requests, |b, (first_index, num_pages, len)| {
+        let n = chunks_of(len, chunk);
+        if item >= before && item - before < n {
+            found = [b, before, n, first_index, num_pages, len];
+        }
+        before += n
+    });
+    let src = ballot_sync(inclusive > item && inclusive - mine <= item).trailing_zeros();
+    let [request, first_item, chunks, first_index, num_pages, len] = found.map(|v| shfl_idx_u32(v, src));
+    let begin = ((item - first_item) as u64 * chunk as u64).min(len as u64) as u32;
+    let end = begin.saturating_add(chunk).min(len);
+    Some(Chunk { request, begin, end, first_index, num_pages, first_item, chunks })
+}
+
+#[inline(always)]
+fn warp_sum_u32(mut v: u32) -> u32 {
+    for m in [16, 8, 4, 2, 1] {
+        v = v.saturating_add(shfl_xor_u32(v, m));
+    }
+    v
+}
