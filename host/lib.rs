@@ -26,6 +26,12 @@ pub mod types;
 #[allow(dead_code)]
 pub(crate) mod params;
 
+#[path = "../kernels-gpu/src/chunking.rs"]
+#[allow(dead_code)]
+pub(crate) mod chunking;
+#[cfg(test)]
+mod chunking_tests;
+
 pub use device::Device;
 pub use error::{Error, Result};
 pub use plan::{

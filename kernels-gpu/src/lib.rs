@@ -10,6 +10,7 @@
 pub mod append;
 pub mod bandwidth;
 pub mod check;
+pub mod chunking;
 pub mod decode;
 pub mod element;
 pub mod intrinsics;

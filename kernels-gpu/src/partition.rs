@@ -22,14 +22,13 @@
 //! `ceil(batch / 32)` requests, held in registers up to [`LENS_PER_LANE`]), with shuffles only:
 //! no shared memory and no barrier.
 
+use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
 use crate::intrinsics::*;
-use crate::params::{DecodeParams, MAX_CHUNKS_PER_REQUEST};
+use crate::params::DecodeParams;
 
 /// Requests whose page-table entries a lane keeps in registers (batch ≤ 128); larger batches
 /// re-read them on every pass.
 const LENS_PER_LANE: usize = 4;
-/// Bisection steps between the bounds on the chunk size (each a pass over the lengths).
-const BISECTION_STEPS: u32 = 3;
 
 /// Token range `[begin, end)` of one chunk of request `request`.
 pub struct Chunk {
@@ -66,19 +65,6 @@ pub unsafe fn request_pages(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
 pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
     let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
     Chunk { request: b, begin: 0, end: len, first_index, num_pages, first_item: b, chunks: 1 }
-}
-
-/// `max(1, ceil(len / chunk))` without an integer division: an f32 estimate, corrected by at
-/// most one step either way (exact for any u32 inputs; `chunk ≥ 16`).
-#[inline(always)]
-fn chunks_of(len: u32, chunk: u32) -> u32 {
-    let mut n = (len as f32 * (1.0 / chunk as f32)) as u32;
-    if (n as u64) * (chunk as u64) < len as u64 {
-        n += 1;
-    } else if n > 0 && ((n - 1) as u64) * (chunk as u64) >= len as u64 {
-        n -= 1;
-    }
-    n.max(1)
 }
 
 /// `(item, head block, head blocks)` of this CTA: the split kernels put the head blocks along
@@ -150,38 +136,8 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         each_request!(lane_requests, |_b, (_, _, len)| n += chunks_of(len, c));
         warp_sum_u32(n)
     };
-    let to16 = |x: u64| x.min(u32::MAX as u64 - 15).next_multiple_of(16) as u32;
-    // Lower bound: the average over all chunks. Upper bound that always fits: `k = num_chunks /
-    // batch` chunks for the longest request, so at most `k` for every request.
-    let lo = to16(total.div_ceil(p.num_chunks as u64))
-        .max(to16(longest.div_ceil(MAX_CHUNKS_PER_REQUEST) as u64))
-        .max(to16(p.min_chunk as u64))
-        .max(to16(p.preferred_chunk as u64).min(to16(total.div_ceil((p.num_chunks / 2).max(1) as u64))));
-    let per_request = (p.num_chunks / p.batch.max(1)).max(1);
-    let mut hi = to16(longest.div_ceil(per_request) as u64);
-    if p.num_chunks > p.batch {
-        // Σ ceil(len / c) ≤ total / c + batch ≤ num_chunks for c ≥ total / (num_chunks - batch).
-        hi = hi.min(to16(total.div_ceil((p.num_chunks - p.batch) as u64)));
-    }
-    let hi = hi.max(lo);
-    let chunk = if items_with(lo) <= p.num_chunks {
-        lo
-    } else {
-        // items_with(lo) > num_chunks ≥ items_with(hi); a few bisection steps.
-        let (mut lo, mut hi) = (lo, hi);
-        for _ in 0..BISECTION_STEPS {
-            if hi - lo <= 16 {
-                break;
-            }
-            let mid = lo + ((hi - lo) / 2) / 16 * 16;
-            if items_with(mid) <= p.num_chunks {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
-        hi
-    };
+    let (lo, hi) = chunk_bounds(total, longest, p.batch, p.num_chunks, p.min_chunk, p.preferred_chunk);
+    let chunk = chunk_size(lo, hi, |c| items_with(c) <= p.num_chunks);
 
     // Prefix sum of the items over the lanes' request runs; the lane holding `item` broadcasts it.
     let mut mine = 0u32;

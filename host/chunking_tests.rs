@@ -1,0 +1,87 @@
+//! The length-aware split's arithmetic (`kernels-gpu/src/chunking.rs`, shared with the device
+//! partition) on the CPU: a serial model of the partition built from the same functions must
+//! always fit its grid, cover every token once and stay within the merge's chunk limit.
+
+use proptest::prelude::*;
+
+use crate::chunking::{chunk_bounds, chunk_size, chunks_of, round16};
+use crate::params::MAX_CHUNKS_PER_REQUEST;
+
+/// (chunk size, chunks per request) as every CTA of the split kernel computes them.
+fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32) -> (u32, Vec<u32>) {
+    let total = lens.iter().map(|&l| l as u64).sum();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let items = |c: u32| lens.iter().map(|&l| chunks_of(l, c) as u64).sum::<u64>();
+    let (lo, hi) = chunk_bounds(total, longest, lens.len() as u32, num_chunks, min_chunk, preferred);
+    assert!(lo <= hi && lo.is_multiple_of(16) && hi.is_multiple_of(16), "bounds {lo} {hi}");
+    assert!(items(hi) <= num_chunks as u64, "upper bound {hi} needs {} > {num_chunks} chunks", items(hi));
+    let chunk = chunk_size(lo, hi, |c| items(c) <= num_chunks as u64);
+    (chunk, lens.iter().map(|&l| chunks_of(l, chunk)).collect())
+}
+
+#[test]
+fn chunks_of_is_ceil_division() {
+    for chunk in (16..=4096).step_by(16).chain([1, 7, 100_000, 1 << 20, u32::MAX - 15]) {
+        for len in (0..3000).chain([u32::MAX / 64, u32::MAX / 2, u32::MAX - 1, u32::MAX]) {
+            if (len as u64).div_ceil(chunk as u64) <= 1 << 16 {
+                assert_eq!(chunks_of(len, chunk), len.div_ceil(chunk).max(1), "len {len} chunk {chunk}");
+            }
+        }
+    }
+}
+
+#[test]
+fn equal_lengths_get_num_splits_chunks_each() {
+    for (batch, splits, len) in [(1, 33, 32768), (1, 33, 4096), (8, 4, 4096), (4, 8, 8192), (16, 2, 16384)] {
+        let lens = vec![len; batch];
+        let (chunk, n) = partition(&lens, batch as u32 * splits, 64, 256);
+        let want = if len / splits >= 256 { splits } else { len.div_ceil(256) };
+        assert!(n.iter().all(|&n| n == want), "batch {batch} × {len}: chunk {chunk}, {n:?}");
+    }
+    // Spare chunks (fewer than the batch) leave equal lengths unsplit.
+    let (chunk, n) = partition(&[1500; 48], 48 + 47, 64, 256);
+    assert!(chunk >= 1500 && n.iter().all(|&n| n == 1), "chunk {chunk}");
+}
+
+#[test]
+fn a_long_request_gets_the_spare_chunks() {
+    let mut lens = vec![300; 23];
+    lens.push(20_000);
+    let (chunk, n) = partition(&lens, 24 + 23, 64, 256);
+    assert!(n[..23].iter().all(|&n| n == 1) && n[23] >= 20, "chunk {chunk}, {n:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #[test]
+    fn partition_fits_and_covers_every_token(
+        lens in prop::collection::vec(
+            prop_oneof![Just(0u32), Just(1u32), 0u32..5000, 0u32..300_000, Just(u32::MAX / 2)],
+            1..300,
+        ),
+        splits in 1u32..=64,
+        spare_fraction in 0.0f64..1.0,
+        tile in prop::sample::select(vec![32u32, 64, 128]),
+    ) {
+        let batch = lens.len() as u32;
+        let spare = ((batch - 1) as f64 * spare_fraction) as u32;
+        let num_chunks = batch * splits + spare;
+        let (chunk, n) = partition(&lens, num_chunks, tile, 4 * tile);
+        prop_assert!(chunk.is_multiple_of(16) && chunk >= tile);
+        prop_assert!(n.iter().map(|&n| n as u64).sum::<u64>() <= num_chunks as u64);
+        for (&len, &n) in lens.iter().zip(&n) {
+            prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);
+            // Chunks [j·C, min((j + 1)·C, len)) for j < n: all non-empty, together exactly [0, len).
+            prop_assert!(len == 0 || ((n - 1) as u64 * (chunk as u64) < len as u64
+                && len as u64 <= n as u64 * chunk as u64));
+        }
+    }
+
+    #[test]
+    fn round16_rounds_up(x in 0u64..=u64::MAX) {
+        let r = round16(x);
+        prop_assert!(r.is_multiple_of(16));
+        prop_assert!(r as u64 >= x.min(u32::MAX as u64 - 15));
+        prop_assert!((r as u64) < x.min(u32::MAX as u64 - 15) + 16);
+    }
+}

@@ -1,0 +1,79 @@
+//! Chunk-size arithmetic of the length-aware split ([`crate::partition`]): pure integer
+//! functions, shared verbatim by the device partition and the host's tests (the host includes
+//! this file), so the bounds the partition relies on are checked on the CPU too.
+
+use crate::params::MAX_CHUNKS_PER_REQUEST;
+
+/// Bisection steps between the bounds on the chunk size (each a pass over the lengths).
+pub const BISECTION_STEPS: u32 = 3;
+
+/// `max(1, ceil(len / chunk))` without an integer division: an f32 estimate, corrected by one
+/// step either way. Exact while `len / chunk` stays far below 2^22 (the partition never asks
+/// for more than [`MAX_CHUNKS_PER_REQUEST`]); `chunk ≥ 1`.
+#[inline(always)]
+pub fn chunks_of(len: u32, chunk: u32) -> u32 {
+    let mut n = (len as f32 * (1.0 / chunk as f32)) as u32;
+    if (n as u64) * (chunk as u64) < len as u64 {
+        n += 1;
+    } else if n > 0 && ((n - 1) as u64) * (chunk as u64) >= len as u64 {
+        n -= 1;
+    }
+    n.max(1)
+}
+
+/// `x` rounded up to a multiple of 16 tokens (saturating below `u32::MAX`).
+#[inline(always)]
+pub fn round16(x: u64) -> u32 {
+    x.min(u32::MAX as u64 - 15).next_multiple_of(16) as u32
+}
+
+/// Bounds `(lo, hi)` on the chunk size for `batch` requests of `total` tokens, the longest
+/// `longest`, split into at most `num_chunks ≥ batch` chunks; both are multiples of 16 and
+/// `lo ≤ hi`. `hi` always fits (`Σ max(1, ceil(len / hi)) ≤ num_chunks`); `lo` is at least the
+/// average chunk, `min_chunk`, `longest / MAX_CHUNKS_PER_REQUEST` and `preferred_chunk` (the last
+/// unless that leaves fewer than half the chunks busy).
+#[inline(always)]
+pub fn chunk_bounds(
+    total: u64,
+    longest: u32,
+    batch: u32,
+    num_chunks: u32,
+    min_chunk: u32,
+    preferred_chunk: u32,
+) -> (u32, u32) {
+    let lo = round16(total.div_ceil(num_chunks as u64))
+        .max(round16(longest.div_ceil(MAX_CHUNKS_PER_REQUEST) as u64))
+        .max(round16(min_chunk as u64))
+        .max(round16(preferred_chunk as u64).min(round16(total.div_ceil((num_chunks / 2).max(1) as u64))));
+    // `k = num_chunks / batch` chunks for the longest request, so at most `k` for every request.
+    let per_request = (num_chunks / batch.max(1)).max(1);
+    let mut hi = round16(longest.div_ceil(per_request) as u64);
+    if num_chunks > batch {
+        // Σ max(1, ceil(len / c)) ≤ total / c + batch ≤ num_chunks for c ≥ total / (num_chunks - batch).
+        hi = hi.min(round16(total.div_ceil((num_chunks - batch) as u64)));
+    }
+    (lo, hi.max(lo))
+}
+
+/// The chunk size: `lo` if it fits, else a few bisection steps towards it from `hi` (which
+/// fits); `fits(c)` says whether chunk size `c` needs at most `num_chunks` chunks.
+#[inline(always)]
+pub fn chunk_size(lo: u32, hi: u32, mut fits: impl FnMut(u32) -> bool) -> u32 {
+    if fits(lo) {
+        lo
+    } else {
+        let (mut lo, mut hi) = (lo, hi);
+        for _ in 0..BISECTION_STEPS {
+            if hi - lo <= 16 {
+                break;
+            }
+            let mid = lo + ((hi - lo) / 2) / 16 * 16;
+            if fits(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    }
+}
