@@ -228,15 +228,33 @@ impl DecodeConfig {
         Ok(Self { num_splits, spare_chunks, ..probe })
     }
 
+    /// This configuration with `num_splits` chunks per request at equal lengths and no spare
+    /// chunks ([`PlanPreference::num_splits`]).
+    pub fn with_num_splits(self, desc: &BatchPagedDecodeDescriptor, num_splits: u32) -> Result<Self> {
+        if !(1..=MAX_SPLITS).contains(&num_splits) {
+            return Err(Error::Unsupported(format!("num_splits {num_splits} is outside 1..={MAX_SPLITS}")));
+        }
+        let cfg = Self { num_splits, spare_chunks: 0, ..self };
+        if cfg.is_split() && cfg.num_chunks(desc) > MAX_GRID_Y {
+            return Err(Error::Unsupported(format!(
+                "batch_size × num_splits = {} exceeds the grid limit {MAX_GRID_Y}",
+                cfg.num_chunks(desc)
+            )));
+        }
+        Ok(cfg)
+    }
+
     /// Whether the workspace and the grid hold this configuration.
     fn fits(&self, desc: &BatchPagedDecodeDescriptor, max_workspace_bytes: usize) -> bool {
-        self.workspace_size(desc) <= max_workspace_bytes && self.num_chunks(desc) <= MAX_GRID_Y
+        self.workspace_size(desc) <= max_workspace_bytes
+            && (!self.is_split() || self.num_chunks(desc) <= MAX_GRID_Y)
     }
 
     /// CTAs along grid x, `batch × num_splits + spare_chunks`: the chunks the kernel partitions
     /// the requests into by their lengths, on the device.
     pub fn num_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
-        desc.batch_size as u32 * self.num_splits + self.spare_chunks
+        let chunks = desc.batch_size.max(0) as u64 * self.num_splits as u64 + self.spare_chunks as u64;
+        chunks.min(u32::MAX as u64) as u32
     }
 
     /// Whether requests may be split (the split kernel, a workspace and a merge).
@@ -358,17 +376,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         }
         let mut config = DecodeConfig::choose(desc, &props, pref.max_workspace_bytes)?;
         if let Some(s) = pref.num_splits {
-            if !(1..=MAX_SPLITS).contains(&s) {
-                return Err(Error::Unsupported(format!("num_splits {s} is outside 1..={MAX_SPLITS}")));
-            }
-            config.num_splits = s;
-            config.spare_chunks = 0;
-            if config.num_chunks(desc) > MAX_GRID_Y {
-                return Err(Error::Unsupported(format!(
-                    "batch_size × num_splits = {} exceeds the grid limit {MAX_GRID_Y}",
-                    config.num_chunks(desc)
-                )));
-            }
+            config = config.with_num_splits(desc, s)?;
         }
         if config.workspace_size(desc) > pref.max_workspace_bytes {
             return Err(Error::Unsupported(format!(

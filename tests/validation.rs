@@ -521,6 +521,26 @@ fn small_batches_fill_one_wave() {
 }
 
 #[test]
+fn num_splits_override_is_checked() {
+    let desc = decode_desc(ElementKind::F16, 4, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    for s in [0, MAX_SPLITS + 1, u32::MAX] {
+        assert!(matches!(cfg.with_num_splits(&desc, s), Err(Error::Unsupported(_))), "{s}");
+    }
+    let three = cfg.with_num_splits(&desc, 3).unwrap();
+    assert_eq!((three.num_chunks(&desc), three.spare_chunks), (12, 0));
+    assert!(three.is_split() && three.workspace_size(&desc) >= 12 * 32 * (128 + 1) * 4);
+    let one = cfg.with_num_splits(&desc, 1).unwrap();
+    assert!(!one.is_split() && one.workspace_size(&desc) == 0);
+    // The split kernels run their chunks along grid y (≤ 65535).
+    let wide = decode_desc(ElementKind::F16, 2000, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&wide, &H200, usize::MAX).unwrap();
+    assert!(matches!(cfg.with_num_splits(&wide, 64), Err(Error::Unsupported(_))));
+    assert_eq!(cfg.with_num_splits(&wide, 32).unwrap().num_chunks(&wide), 64000);
+    assert!(cfg.with_num_splits(&wide, 1).is_ok());
+}
+
+#[test]
 fn workspace_limit_is_respected() {
     for element in [ElementKind::F16, ElementKind::F32] {
         let desc = decode_desc(element, 1, 32, 8, 128);
