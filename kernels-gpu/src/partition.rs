@@ -1,22 +1,21 @@
 //! Length-aware split of the requests into chunks, computed on the device by every CTA.
 //!
-//! The host fixes only `num_chunks`, the CTAs along grid x (per KV head and head block); the
-//! lengths live on the device, so every CTA derives the same partition from the page table:
+//! The host fixes only `num_chunks`, the CTAs per head block along the grid's chunk dimension
+//! (see [`cta_coords`]); the lengths live on the device, so every CTA derives the same partition
+//! from the page table (the arithmetic is in [`crate::chunking`]):
 //! - the chunk size `C` is a multiple of 16 tokens, at least `min_chunk`, `ceil(longest /
 //!   MAX_CHUNKS_PER_REQUEST)` and `preferred_chunk` (unless that leaves fewer than half the items
-//!   busy: short chunks cost more in fixed latency and merging than they gain), near the smallest for which `Σ_b max(1, ceil(len_b / C)) ≤
-//!   num_chunks`: the average chunk if it fits, else a few bisection steps below the smaller of
-//!   two sizes that always fit, `ceil(longest / floor(num_chunks / batch))` and
-//!   `ceil(total / (num_chunks - batch))`;
+//!   busy), near the smallest for which `Σ_b max(1, ceil(len_b / C)) ≤ num_chunks`;
 //! - request `b` owns the consecutive items `[first_b, first_b + n_b)`, `n_b = max(1,
 //!   ceil(len_b / C))` (an empty request still owns one item, which writes its empty output);
 //! - CTA `x` takes item `x`: tokens `[(x - first_b)·C, …)` of request `b`; CTAs past the last item
 //!   exit at once.
 //!
 //! Long requests thus get more chunks than short ones, so the longest request no longer sets
-//! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets the
-//! same `s` chunks of `ceil(L / s)` tokens (rounded up to 16). The partition reads only `indptr`
-//! and `last_page_len`, so it runs before `griddepcontrol.wait`.
+//! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets
+//! `s` chunks of `ceil(L / s)` tokens rounded up to 16 (fewer when those would be shorter than
+//! `preferred_chunk`). The partition reads only `indptr` and `last_page_len`, so it runs before
+//! `griddepcontrol.wait`.
 //!
 //! Every warp computes the whole partition on its own (lanes own contiguous runs of
 //! `ceil(batch / 32)` requests, held in registers up to [`LENS_PER_LANE`]), with shuffles only:
@@ -38,8 +37,8 @@ pub struct Chunk {
     /// The request's first slot in `indices`, and its page count.
     pub first_index: u32,
     pub num_pages: u32,
-    /// The request's first item (CTA along grid x) and its number of items; 1: this chunk is the
-    /// whole request and writes `o` directly.
+    /// The request's first item and its number of items; 1: this chunk is the whole request and
+    /// writes `o` directly.
     pub first_item: u32,
     pub chunks: u32,
 }
