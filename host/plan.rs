@@ -144,9 +144,11 @@ pub struct DecodeConfig {
 }
 
 impl DecodeConfig {
-    /// Picks the kernel and the split count: with half a wave of (request, KV head, head block)
-    /// CTAs or less, as many splits as one full wave holds; otherwise enough that the last wave
-    /// is at least 85 % busy. Capped by [`MAX_SPLITS`] and by `max_workspace_bytes`.
+    /// Picks the kernel and the split count from the number of (request, KV head, head block)
+    /// CTAs: half a wave or less, as many splits as one full wave holds; up to one wave with a
+    /// poorly filled wave, no split but spare chunks for long requests; beyond, enough splits
+    /// that the last wave is at least 85 % busy. Capped by [`MAX_SPLITS`], the grid and
+    /// `max_workspace_bytes`.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
@@ -193,7 +195,7 @@ impl DecodeConfig {
         let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
         let mut num_splits = 1;
         let mut spare_chunks = 0;
-        let per_request = base / desc.batch_size as u64; // CTAs per request and chunk
+        let per_request = base / desc.batch_size.max(1) as u64; // CTAs per request and chunk
         if 2 * base <= wave {
             // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
             // shorter chunks), within MAX_SPLITS and the workspace.
@@ -250,8 +252,9 @@ impl DecodeConfig {
             && (!self.is_split() || self.num_chunks(desc) <= MAX_GRID_Y)
     }
 
-    /// CTAs along grid x, `batch × num_splits + spare_chunks`: the chunks the kernel partitions
-    /// the requests into by their lengths, on the device.
+    /// Chunks per head block, `batch × num_splits + spare_chunks` (grid y of the split kernels,
+    /// whose CTAs partition the requests into them by length on the device; grid x = requests
+    /// otherwise).
     pub fn num_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
         let chunks = desc.batch_size.max(0) as u64 * self.num_splits as u64 + self.spare_chunks as u64;
         chunks.min(u32::MAX as u64) as u32
