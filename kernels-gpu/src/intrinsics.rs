@@ -75,20 +75,19 @@ pub fn shfl_up_u32(v: u32, delta: u32) -> u32 {
 
 /// Value of `v` in lane `src`.
 #[inline(always)]
-pub fn shfl_idx(v: f32, src: u32) -> f32 {
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
     let r: u32;
     unsafe {
         asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
-             r = out(reg32) r, v = in(reg32) v.to_bits(), s = in(reg32) src,
+             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src,
              options(nomem, nostack, preserves_flags))
     };
-    f32::from_bits(r)
+    r
 }
 
-/// `v` of lane `src`.
 #[inline(always)]
-pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
-    shfl_idx(f32::from_bits(v), src).to_bits()
+pub fn shfl_idx(v: f32, src: u32) -> f32 {
+    f32::from_bits(shfl_idx_u32(v.to_bits(), src))
 }
 
 /// Bit `i` set where `pred` holds in lane `i`.
@@ -120,6 +119,15 @@ pub fn warp_sum(mut v: f32) -> f32 {
     while m > 0 {
         v += shfl_xor(v, m);
         m >>= 1;
+    }
+    v
+}
+
+/// Sum over all 32 lanes, saturating.
+#[inline(always)]
+pub fn warp_sum_u32(mut v: u32) -> u32 {
+    for m in [16, 8, 4, 2, 1] {
+        v = v.saturating_add(shfl_xor_u32(v, m));
     }
     v
 }

@@ -166,11 +166,3 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let end = begin.saturating_add(chunk).min(len);
     Some(Chunk { request, begin, end, first_index, num_pages, first_item, chunks })
 }
-
-#[inline(always)]
-fn warp_sum_u32(mut v: u32) -> u32 {
-    for m in [16, 8, 4, 2, 1] {
-        v = v.saturating_add(shfl_xor_u32(v, m));
-    }
-    v
-}
