@@ -5,6 +5,7 @@ use std::io::Write;
 use std::sync::mpsc;
 
 use half::{bf16, f16};
+use paged_decode::plan::DecodeConfig;
 use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 use paged_decode::reference::DecodeOutput;
 use paged_decode::{
@@ -135,12 +136,12 @@ fn run_and_check<T: Element>(
     what: &str,
     host: &HostProblem<T>,
     r: &DecodeOutput,
-) -> (f64, u32) {
+) -> (f64, DecodeConfig) {
     let plan = BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, PlanPreference::default())
         .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
     let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
     let (o, lse) = run_decode(dev, &plan, &mut buf);
-    (check(what, &host.spec, &o, &lse, r), plan.config().num_splits)
+    (check(what, &host.spec, &o, &lse, r), *plan.config())
 }
 
 /// ≥ 1000 random configurations over dtypes, head_dims, group sizes 1..64, page sizes 1..256,
@@ -183,7 +184,7 @@ fn decode_random_sweep() {
                 spec.page_size,
                 spec.sm_scale
             );
-            let (err, splits) = match &prepared {
+            let (err, cfg) = match &prepared {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, h, r),
                 Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r),
                 Prepared::F32(h, r) => run_and_check(&dev, &what, h, r),
@@ -194,8 +195,9 @@ fn decode_random_sweep() {
                 _ => 2,
             };
             worst[k] = worst[k].max(err);
-            split_runs += (splits > 1) as usize;
-            unsplit_runs += (splits == 1) as usize;
+            // Spare chunks select the split kernel too.
+            split_runs += cfg.is_split() as usize;
+            unsplit_runs += !cfg.is_split() as usize;
         }
     });
     println!(
@@ -255,12 +257,15 @@ fn decode_edge_cases() {
     for (name, spec) in &cases {
         for kind in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
             let what = format!("{name} {kind:?}");
-            let (err, splits) = match prepare(kind, spec) {
+            let (err, cfg) = match prepare(kind, spec) {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, &h, &r),
                 Prepared::BF16(h, r) => run_and_check(&dev, &what, &h, &r),
                 Prepared::F32(h, r) => run_and_check(&dev, &what, &h, &r),
             };
-            println!("{what}: rel err {err:.2e}, {splits} splits");
+            println!(
+                "{what}: rel err {err:.2e}, {} splits + {} spare chunks",
+                cfg.num_splits, cfg.spare_chunks
+            );
         }
     }
 }
