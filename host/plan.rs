@@ -399,7 +399,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             DecodeKernel::Mma => format!("decode_mma_{split}{suffix}_d{d}"),
             DecodeKernel::Simt => format!("decode_simt_{split}{suffix}_d{d}"),
         };
-        let arch = if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 };
+        let arch = ptx::build_for(props.compute_capability);
         let counters = if config.is_split() {
             let ctas =
                 desc.batch_size as usize * desc.paged_kv.num_kv_heads as usize * config.head_blocks as usize;
@@ -808,7 +808,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
         Ok(Self {
             desc: *desc,
             pref,
-            arch: if props.compute_capability.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 },
+            arch: ptx::build_for(props.compute_capability),
             append_fn: device::function(ctx, name, 0)?,
             check_fn: device::function(ctx, "check_page_table", 0)?,
             _t: PhantomData,

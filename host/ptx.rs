@@ -1,5 +1,7 @@
 //! The PTX built from `kernels-gpu` by `build.rs`, and its entry points.
 
+use crate::types::ArchSku;
+
 /// PTX text of every kernel for any GPU from sm_80 on (target `PAGED_DECODE_PTX_ARCH`, default
 /// sm_80).
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -8,15 +10,23 @@ pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 /// launch (`griddepcontrol`).
 pub const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels_sm90.ptx"));
 
-/// The PTX a device of compute capability `(major, minor)` loads: the sm_90 build from 9.0 on.
+/// The build a device of compute capability `(major, minor)` loads: the sm_90 one from 9.0 on.
+pub fn build_for(cc: (u32, u32)) -> ArchSku {
+    if cc.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 }
+}
+
+/// The PTX text of [`build_for`]`(cc)`.
 pub fn for_compute_capability(cc: (u32, u32)) -> &'static str {
-    if supports_programmatic_launch(cc) { PTX_SM90 } else { PTX }
+    match build_for(cc) {
+        ArchSku::Sm90 => PTX_SM90,
+        ArchSku::Sm80 => PTX,
+    }
 }
 
 /// Whether kernels loaded from [`for_compute_capability`] support programmatic dependent launch
 /// (only the sm_90 build has `griddepcontrol`).
 pub fn supports_programmatic_launch(cc: (u32, u32)) -> bool {
-    cc.0 >= 9
+    build_for(cc) == ArchSku::Sm90
 }
 
 /// Names of the `.entry` functions declared in `ptx`, in order of appearance.
