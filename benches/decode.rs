@@ -18,6 +18,7 @@ fn main() {
         check: false,
         programmatic_launch: true,
         num_splits: None,
+        spare_chunks: None,
     };
     if let Err(e) = run_cli(&opts) {
         eprintln!("error: {e}");

@@ -86,6 +86,8 @@ pub struct BenchOptions {
     pub programmatic_launch: bool,
     /// Chunks per request instead of the plan's rule ([`PlanPreference::num_splits`]).
     pub num_splits: Option<u32>,
+    /// Spare chunks instead of the plan's rule ([`PlanPreference::spare_chunks`]).
+    pub spare_chunks: Option<u32>,
 }
 
 /// Median time of one call.
@@ -229,6 +231,7 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
     let pref = PlanPreference {
         programmatic_launch: opts.programmatic_launch,
         num_splits: opts.num_splits,
+        spare_chunks: opts.spare_chunks,
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);

@@ -8,14 +8,16 @@ use crate::chunking::{chunk_bounds, chunk_size, chunks_of, round16};
 use crate::params::MAX_CHUNKS_PER_REQUEST;
 
 /// (chunk size, chunks per request) as every CTA of the split kernel computes them.
-fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32) -> (u32, Vec<u32>) {
+fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, balance: u32) -> (u32, Vec<u32>) {
     let total = lens.iter().map(|&l| l as u64).sum();
     let longest = lens.iter().copied().max().unwrap_or(0);
     let items = |c: u32| lens.iter().map(|&l| chunks_of(l, c) as u64).sum::<u64>();
-    let (lo, hi) = chunk_bounds(total, longest, lens.len() as u32, num_chunks, min_chunk, preferred);
+    let (lo, hi) = chunk_bounds(total, longest, lens.len() as u32, num_chunks, min_chunk, preferred, balance);
     assert!(lo <= hi && lo.is_multiple_of(16) && hi.is_multiple_of(16), "bounds {lo} {hi}");
     assert!(items(hi) <= num_chunks as u64, "upper bound {hi} needs {} > {num_chunks} chunks", items(hi));
     let chunk = chunk_size(lo, hi, |c| items(c) <= num_chunks as u64);
+    // The device skips the search when every request fits one chunk of `lo`: the same result.
+    assert!(longest > lo || chunk == lo, "shortcut: lo {lo}, chunk {chunk}");
     (chunk, lens.iter().map(|&l| chunks_of(l, chunk)).collect())
 }
 
@@ -34,20 +36,36 @@ fn chunks_of_is_ceil_division() {
 fn equal_lengths_get_num_splits_chunks_each() {
     for (batch, splits, len) in [(1, 33, 32768), (1, 33, 4096), (8, 4, 4096), (4, 8, 8192), (16, 2, 16384)] {
         let lens = vec![len; batch];
-        let (chunk, n) = partition(&lens, batch as u32 * splits, 64, 256);
+        let (chunk, n) = partition(&lens, batch as u32 * splits, 64, 256, 0);
         let want = if len / splits >= 256 { splits } else { len.div_ceil(256) };
         assert!(n.iter().all(|&n| n == want), "batch {batch} × {len}: chunk {chunk}, {n:?}");
     }
     // Spare chunks (fewer than the batch) leave equal lengths unsplit.
-    let (chunk, n) = partition(&[1500; 48], 48 + 47, 64, 256);
+    let (chunk, n) = partition(&[1500; 48], 48 + 47, 64, 256, 66);
     assert!(chunk >= 1500 && n.iter().all(|&n| n == 1), "chunk {chunk}");
+    // Beyond a wave, a wave's worth of spare chunks with the balance bound: still whole.
+    for (batch, len) in [(128, 1024), (256, 512), (64, 8192), (33, 100_000)] {
+        let (chunk, n) = partition(&vec![len; batch], batch as u32 + 33, 64, 256, 33);
+        assert!(chunk >= len && n.iter().all(|&n| n == 1), "{batch} × {len}: chunk {chunk}");
+    }
+}
+
+#[test]
+fn long_requests_beyond_a_wave_are_cut_to_a_wave_share() {
+    // 60 requests of 200…2500 tokens and 4 of 12000, 33 items per wave.
+    let mut lens: Vec<u32> = (0..60).map(|i| 200 + (i * 397) % 2300).collect();
+    lens.extend([12_000; 4]);
+    let total: u32 = lens.iter().sum();
+    let (chunk, n) = partition(&lens, 64 + 33, 64, 256, 33);
+    assert!(chunk <= (total / 33).next_multiple_of(16) + 16, "chunk {chunk}");
+    assert!(n[..60].iter().all(|&n| n == 1) && n[60..].iter().all(|&n| n >= 3), "chunk {chunk}, {n:?}");
 }
 
 #[test]
 fn a_long_request_gets_the_spare_chunks() {
     let mut lens = vec![300; 23];
     lens.push(20_000);
-    let (chunk, n) = partition(&lens, 24 + 23, 64, 256);
+    let (chunk, n) = partition(&lens, 24 + 23, 64, 256, 33);
     assert!(n[..23].iter().all(|&n| n == 1) && n[23] >= 20, "chunk {chunk}, {n:?}");
 }
 
@@ -61,12 +79,18 @@ proptest! {
         ),
         splits in 1u32..=64,
         spare_fraction in 0.0f64..1.0,
+        balance in prop_oneof![Just(0u32), 1u32..600],
         tile in prop::sample::select(vec![32u32, 64, 128]),
     ) {
         let batch = lens.len() as u32;
-        let spare = ((batch - 1) as f64 * spare_fraction) as u32;
+        // Spare chunks: fewer than the batch, or a wave's worth with the balance bound.
+        let spare = if balance > 0 && spare_fraction < 0.5 {
+            balance
+        } else {
+            ((batch - 1) as f64 * spare_fraction) as u32
+        };
         let num_chunks = batch * splits + spare;
-        let (chunk, n) = partition(&lens, num_chunks, tile, 4 * tile);
+        let (chunk, n) = partition(&lens, num_chunks, tile, 4 * tile, balance);
         prop_assert!(chunk.is_multiple_of(16) && chunk >= tile);
         prop_assert!(n.iter().map(|&n| n as u64).sum::<u64>() <= num_chunks as u64);
         for (&len, &n) in lens.iter().zip(&n) {

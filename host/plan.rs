@@ -135,6 +135,13 @@ pub struct DecodeConfig {
     /// Chunks beyond `batch × num_splits` that only lengths longer than the batch's average use
     /// (a long request among short ones is split further); > 0 also selects the split kernel.
     pub spare_chunks: u32,
+    /// With spare chunks: the items one wave of CTAs holds. The kernel keeps chunks at least
+    /// `total tokens / balance_items` long, so a long request is cut to about a wave's share and
+    /// equal lengths stay whole. 0 otherwise.
+    pub balance_items: u32,
+    /// Split kernels: consecutive CTAs cover the KV heads and head blocks of one chunk (true), or
+    /// consecutive chunks of one head block (false, as the unsplit kernels).
+    pub heads_along_x: bool,
     /// Smallest chunk a split takes, in tokens.
     pub min_chunk: u32,
     /// Chunk size the kernel prefers when half the chunks stay busy (four tiles).
@@ -145,10 +152,10 @@ pub struct DecodeConfig {
 
 impl DecodeConfig {
     /// Picks the kernel and the split count from the number of (request, KV head, head block)
-    /// CTAs: half a wave or less, as many splits as one full wave holds; up to one wave with a
-    /// poorly filled wave, no split but spare chunks for long requests; beyond, enough splits
-    /// that the last wave is at least 85 % busy. Capped by [`MAX_SPLITS`], the grid and
-    /// `max_workspace_bytes`.
+    /// CTAs: half a wave or less, as many splits as one full wave holds; up to one poorly filled
+    /// wave, no split but spare chunks for long requests; a well-filled wave or more, no split;
+    /// otherwise enough splits that the last wave is at least 85 % busy. Capped by
+    /// [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
@@ -188,46 +195,80 @@ impl DecodeConfig {
             smem_bytes,
             num_splits: 1,
             spare_chunks: 0,
+            balance_items: 0,
+            heads_along_x: true,
             min_chunk,
             preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
             wave_ctas: wave.min(u32::MAX as u64) as u32,
         };
         let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
-        let mut num_splits = 1;
-        let mut spare_chunks = 0;
-        let per_request = base / desc.batch_size.max(1) as u64; // CTAs per request and chunk
         if 2 * base <= wave {
             // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
             // shorter chunks), within MAX_SPLITS and the workspace.
             let most = (wave / base.max(1)).min(MAX_SPLITS as u64) as u32;
-            num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
-        } else if efficiency(base) < WAVE_EFFICIENCY {
-            // Up to one wave: one chunk per request at equal lengths (splitting them measured
-            // slower), plus up to a wave's worth of spare chunks (fewer than `batch`, so equal
-            // lengths stay unsplit) for requests longer than the average.
-            let extra = (wave / per_request).min(desc.batch_size as u64 - 1) as u32;
-            let with_spare = Self { spare_chunks: extra, ..probe };
-            if base <= wave && extra > 0 && with_spare.fits(desc, max_workspace_bytes) {
-                spare_chunks = extra;
-            } else {
-                // More than a wave: split until the last wave is busy enough.
-                let mut best = (efficiency(base), 1);
-                for s in 2..=MAX_SPLITS {
-                    if !fits(s) {
-                        break;
-                    }
-                    let e = efficiency(base * s as u64);
-                    if e > best.0 + 1e-9 {
-                        best = (e, s);
-                    }
-                    if e >= WAVE_EFFICIENCY {
-                        break;
-                    }
-                }
-                num_splits = best.1;
+            let num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
+            return Ok(Self { num_splits, ..probe });
+        }
+        if efficiency(base) >= WAVE_EFFICIENCY {
+            // A well-filled wave, or several: one chunk per request. (Spare chunks here would
+            // cut long requests to a wave's share, but the split kernel's per-CTA partition
+            // measured 2–12 % slower on equal lengths; `PlanPreference::spare_chunks` opts in.)
+            return Ok(probe);
+        }
+        if base <= wave {
+            // Up to one poorly filled wave: one chunk per request at equal lengths (splitting
+            // them measured slower), plus spare chunks (fewer than `batch`, so equal lengths stay
+            // whole) for requests longer than a wave's share.
+            let spare = probe.wave_items(desc).min(desc.batch_size as u32 - 1);
+            let with_spare = probe.with_spare(desc, spare);
+            if spare > 0 && with_spare.fits(desc, max_workspace_bytes) {
+                return Ok(with_spare);
             }
         }
-        Ok(Self { num_splits, spare_chunks, ..probe })
+        // Split until the last wave is busy enough.
+        let mut best = (efficiency(base), 1);
+        for s in 2..=MAX_SPLITS {
+            if !fits(s) {
+                break;
+            }
+            let e = efficiency(base * s as u64);
+            if e > best.0 + 1e-9 {
+                best = (e, s);
+            }
+            if e >= WAVE_EFFICIENCY {
+                break;
+            }
+        }
+        Ok(Self { num_splits: best.1, ..probe })
+    }
+
+    /// Items (chunks of every KV head and head block) that one wave of CTAs holds.
+    fn wave_items(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        let per_item = desc.paged_kv.num_kv_heads.max(1) as u32 * self.head_blocks.max(1);
+        (self.wave_ctas / per_item).max(1)
+    }
+
+    /// This configuration with `spare_chunks` spare chunks and, with any, the balance bound.
+    /// Measured CTA orders: chunk-major for split requests and for grids beyond one wave,
+    /// head-major for unsplit requests with spare chunks within one wave.
+    fn with_spare(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Self {
+        let balance_items = if spare_chunks > 0 { self.wave_items(desc) } else { 0 };
+        let per_request = desc.paged_kv.num_kv_heads.max(0) as u64 * self.head_blocks as u64;
+        let beyond_a_wave = desc.batch_size.max(0) as u64 * per_request > self.wave_ctas as u64;
+        let heads_along_x = self.num_splits > 1 || beyond_a_wave;
+        Self { spare_chunks, balance_items, heads_along_x, ..self }
+    }
+
+    /// This configuration with `spare_chunks` spare chunks ([`PlanPreference::spare_chunks`]).
+    pub fn with_spare_chunks(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Result<Self> {
+        let cfg = self.with_spare(desc, spare_chunks);
+        if cfg.is_split() && cfg.num_chunks(desc) > MAX_GRID_Y {
+            return Err(Error::Unsupported(format!(
+                "batch_size × num_splits + spare_chunks = {} exceeds the grid limit {MAX_GRID_Y}",
+                cfg.num_chunks(desc)
+            )));
+        }
+        Ok(cfg)
     }
 
     /// This configuration with `num_splits` chunks per request at equal lengths and no spare
@@ -236,7 +277,7 @@ impl DecodeConfig {
         if !(1..=MAX_SPLITS).contains(&num_splits) {
             return Err(Error::Unsupported(format!("num_splits {num_splits} is outside 1..={MAX_SPLITS}")));
         }
-        let cfg = Self { num_splits, spare_chunks: 0, ..self };
+        let cfg = Self { num_splits, spare_chunks: 0, balance_items: 0, heads_along_x: true, ..self };
         if cfg.is_split() && cfg.num_chunks(desc) > MAX_GRID_Y {
             return Err(Error::Unsupported(format!(
                 "batch_size × num_splits = {} exceeds the grid limit {MAX_GRID_Y}",
@@ -380,6 +421,9 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         let mut config = DecodeConfig::choose(desc, &props, pref.max_workspace_bytes)?;
         if let Some(s) = pref.num_splits {
             config = config.with_num_splits(desc, s)?;
+        }
+        if let Some(n) = pref.spare_chunks {
+            config = config.with_spare_chunks(desc, n)?;
         }
         if config.workspace_size(desc) > pref.max_workspace_bytes {
             return Err(Error::Unsupported(format!(
@@ -527,6 +571,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             }
             _ => (0, 0, None),
         };
+        let heads_along_x = self.config.heads_along_x;
         let p = DecodeParams {
             q,
             k_data: k,
@@ -548,6 +593,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             num_chunks: self.config.num_chunks(&self.desc),
             min_chunk: self.config.min_chunk,
             preferred_chunk: self.config.preferred_chunk,
+            balance_items: self.config.balance_items,
+            heads_along_x: heads_along_x as u32,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
             // Only CTAs of the first wave can start before the previous kernel ends.
@@ -556,10 +603,10 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         let head_blocks = kv.num_kv_heads as u32 * self.config.head_blocks;
         let cfg = LaunchConfig {
             // Split: head blocks along x (consecutive CTAs share a chunk), chunks along y.
-            grid_dim: if self.config.is_split() {
-                (head_blocks, self.config.num_chunks(&self.desc), 1)
-            } else {
-                (self.desc.batch_size as u32, head_blocks, 1)
+            grid_dim: match (self.config.is_split(), heads_along_x) {
+                (true, true) => (head_blocks, self.config.num_chunks(&self.desc), 1),
+                (true, false) => (self.config.num_chunks(&self.desc), head_blocks, 1),
+                (false, _) => (self.desc.batch_size as u32, head_blocks, 1),
             },
             block_dim: (params::DECODE_THREADS, 1, 1),
             shared_mem_bytes: self.config.smem_bytes,

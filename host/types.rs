@@ -198,6 +198,11 @@ pub struct PlanPreference {
     /// derives it from the SM count and the batch's CTA count. The kernel still partitions
     /// `batch × num_splits` chunks by the actual lengths. For tuning and benchmarks.
     pub num_splits: Option<u32>,
+    /// Spare chunks (beyond `batch × num_splits`, taken only by requests longer than a wave's
+    /// share) instead of the plan's rule; applied after `num_splits`. The rule gives none to a
+    /// batch that fills a wave or more, where they cost a few percent at equal lengths; with
+    /// ragged batches of that size, some (e.g. 16–32) keep a long request from setting the time.
+    pub spare_chunks: Option<u32>,
 }
 
 impl Default for PlanPreference {
@@ -209,6 +214,7 @@ impl Default for PlanPreference {
             checked: false,
             programmatic_launch: true,
             num_splits: None,
+            spare_chunks: None,
         }
     }
 }

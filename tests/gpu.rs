@@ -136,8 +136,9 @@ fn run_and_check<T: Element>(
     what: &str,
     host: &HostProblem<T>,
     r: &DecodeOutput,
+    pref: PlanPreference,
 ) -> (f64, DecodeConfig) {
-    let plan = BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, PlanPreference::default())
+    let plan = BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, pref)
         .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
     let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
     let (o, lse) = run_decode(dev, &plan, &mut buf);
@@ -184,10 +185,18 @@ fn decode_random_sweep() {
                 spec.page_size,
                 spec.sm_scale
             );
+            // One configuration in six without spare chunks, one in six with a few (large
+            // batches then run the split kernels too); the rest by the plan's rule.
+            let spare_chunks = match i % 6 {
+                0 => Some(0),
+                1 => Some(1 + (spec.seed % 40) as u32),
+                _ => None,
+            };
+            let pref = PlanPreference { spare_chunks, ..PlanPreference::default() };
             let (err, cfg) = match &prepared {
-                Prepared::F16(h, r) => run_and_check(&dev, &what, h, r),
-                Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r),
-                Prepared::F32(h, r) => run_and_check(&dev, &what, h, r),
+                Prepared::F16(h, r) => run_and_check(&dev, &what, h, r, pref),
+                Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r, pref),
+                Prepared::F32(h, r) => run_and_check(&dev, &what, h, r, pref),
             };
             let k = match kind {
                 ElementKind::F16 => 0,
@@ -244,6 +253,15 @@ fn decode_edge_cases() {
             },
         ),
         (
+            // More than a wave of CTAs with spare chunks: the long requests are cut to a wave's
+            // share, the others stay whole.
+            "long requests among 250",
+            ProblemSpec {
+                lens: (0..250).map(|i| if i % 100 == 7 { 20000 } else { i % 50 }).collect(),
+                ..ProblemSpec::uniform(250, 0, 8, 2, 128, 16)
+            },
+        ),
+        (
             "batch 16384",
             ProblemSpec {
                 lens: (0..16384).map(|i| i % 37).collect(),
@@ -257,10 +275,13 @@ fn decode_edge_cases() {
     for (name, spec) in &cases {
         for kind in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
             let what = format!("{name} {kind:?}");
+            // Beyond a wave, spare chunks are opt-in.
+            let spare_chunks = name.starts_with("long requests among").then_some(132);
+            let pref = PlanPreference { spare_chunks, ..PlanPreference::default() };
             let (err, cfg) = match prepare(kind, spec) {
-                Prepared::F16(h, r) => run_and_check(&dev, &what, &h, &r),
-                Prepared::BF16(h, r) => run_and_check(&dev, &what, &h, &r),
-                Prepared::F32(h, r) => run_and_check(&dev, &what, &h, &r),
+                Prepared::F16(h, r) => run_and_check(&dev, &what, &h, &r, pref),
+                Prepared::BF16(h, r) => run_and_check(&dev, &what, &h, &r, pref),
+                Prepared::F32(h, r) => run_and_check(&dev, &what, &h, &r, pref),
             };
             println!(
                 "{what}: rel err {err:.2e}, {} splits + {} spare chunks",

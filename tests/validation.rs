@@ -475,10 +475,28 @@ fn large_batch_needs_no_split() {
         for d in [64, 128, 256] {
             let desc = decode_desc(element, 256, 64, 8, d);
             let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-            assert_eq!(cfg.num_splits, 1, "{element:?} d {d}: {cfg:?}");
+            assert!(!cfg.is_split(), "{element:?} d {d}: {cfg:?}");
             assert_eq!(cfg.workspace_size(&desc), 0);
         }
     }
+}
+
+/// Spare chunks on request (`PlanPreference::spare_chunks`): beyond a wave, chunks of a wave's
+/// share in chunk-major CTA order; within one wave of unsplit requests, head-major.
+#[test]
+fn spare_chunks_on_request() {
+    let desc = decode_desc(ElementKind::F16, 256, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap().with_spare_chunks(&desc, 33).unwrap();
+    assert_eq!((cfg.num_chunks(&desc), cfg.balance_items, cfg.heads_along_x), (289, 33, true));
+    assert!(cfg.is_split() && cfg.workspace_size(&desc) >= 289 * 32 * (128 + 1) * 4);
+    let desc = decode_desc(ElementKind::F16, 24, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    assert_eq!((cfg.spare_chunks, cfg.balance_items, cfg.heads_along_x), (23, 33, false), "{cfg:?}");
+    let none = cfg.with_spare_chunks(&desc, 0).unwrap();
+    assert!(!none.is_split() && none.workspace_size(&desc) == 0);
+    let wide = decode_desc(ElementKind::F16, 60000, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&wide, &H200, usize::MAX).unwrap();
+    assert!(matches!(cfg.with_spare_chunks(&wide, 6000), Err(Error::Unsupported(_))));
 }
 
 #[test]
@@ -532,6 +550,11 @@ fn num_splits_override_is_checked() {
     assert!(three.is_split() && three.workspace_size(&desc) >= 12 * 32 * (128 + 1) * 4);
     let one = cfg.with_num_splits(&desc, 1).unwrap();
     assert!(!one.is_split() && one.workspace_size(&desc) == 0);
+    // Spare chunks on top of the splits, with the balance bound of one wave (33 items of 8 CTAs).
+    let spare = three.with_spare_chunks(&desc, 5).unwrap();
+    assert_eq!((spare.num_chunks(&desc), spare.balance_items), (17, 33));
+    let none = spare.with_spare_chunks(&desc, 0).unwrap();
+    assert_eq!(none, three);
     // The split kernels run their chunks along grid y (≤ 65535).
     let wide = decode_desc(ElementKind::F16, 2000, 32, 8, 128);
     let cfg = DecodeConfig::choose(&wide, &H200, usize::MAX).unwrap();

@@ -52,6 +52,9 @@ enum Command {
         /// Chunks per request instead of the plan's rule (1..=64; tuning).
         #[arg(long)]
         splits: Option<u32>,
+        /// Spare chunks for long requests instead of the plan's rule (tuning).
+        #[arg(long)]
+        spare: Option<u32>,
     },
 }
 
@@ -60,7 +63,7 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Run { batch: 32, kv_len: 4096 }) {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
         Command::Inspect { ptx, arch } => inspect(ptx, &arch),
-        Command::Bench { shapes, json, plot, check, no_programmatic_launch, splits } => {
+        Command::Bench { shapes, json, plot, check, no_programmatic_launch, splits, spare } => {
             bench::run_cli(&bench::BenchOptions {
                 shapes,
                 json,
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
                 check,
                 programmatic_launch: !no_programmatic_launch,
                 num_splits: splits,
+                spare_chunks: spare,
             })
         }
     };

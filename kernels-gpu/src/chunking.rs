@@ -30,8 +30,9 @@ pub fn round16(x: u64) -> u32 {
 /// Bounds `(lo, hi)` on the chunk size for `batch` requests of `total` tokens, the longest
 /// `longest`, split into at most `num_chunks ≥ batch` chunks; both are multiples of 16 and
 /// `lo ≤ hi`. `hi` always fits (`Σ max(1, ceil(len / hi)) ≤ num_chunks`); `lo` is at least the
-/// average chunk, `min_chunk`, `longest / MAX_CHUNKS_PER_REQUEST` and `preferred_chunk` (the last
-/// unless that leaves fewer than half the chunks busy).
+/// average chunk, `min_chunk`, `longest / MAX_CHUNKS_PER_REQUEST`, `total / balance_items` (when
+/// `balance_items > 0`: a wave's share, so equal lengths over several waves stay whole) and
+/// `preferred_chunk` (the last unless that leaves fewer than half the chunks busy).
 #[inline(always)]
 pub fn chunk_bounds(
     total: u64,
@@ -40,8 +41,11 @@ pub fn chunk_bounds(
     num_chunks: u32,
     min_chunk: u32,
     preferred_chunk: u32,
+    balance_items: u32,
 ) -> (u32, u32) {
+    let balanced = if balance_items > 0 { round16(total.div_ceil(balance_items as u64)) } else { 0 };
     let lo = round16(total.div_ceil(num_chunks as u64))
+        .max(balanced)
         .max(round16(longest.div_ceil(MAX_CHUNKS_PER_REQUEST) as u64))
         .max(round16(min_chunk as u64))
         .max(round16(preferred_chunk as u64).min(round16(total.div_ceil((num_chunks / 2).max(1) as u64))));

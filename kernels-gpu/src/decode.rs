@@ -7,7 +7,7 @@
 //! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
 //!
 //! Parallelisation
-//! - Grid `(num_chunks, num_kv_heads * head_blocks)` (split: the two swapped, see
+//! - Grid `(num_chunks, num_kv_heads * head_blocks)` (split kernels may swap the two, see
 //!   [`cta_coords`]). One CTA of 4 warps owns one
 //!   (token chunk of a request, KV head, block of ≤ 64 query heads of its GQA group (32 for
 //!   D = 256)). Unsplit, chunk `x` is request `x`; split, every CTA derives the same
@@ -88,7 +88,7 @@ pub unsafe fn decode_mma<
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
-    let (item, y, head_blocks_all) = cta_coords::<SPLIT>();
+    let (item, y, _) = cta_coords::<SPLIT>(p);
     let group = p.num_qo_heads / p.num_kv_heads;
     let head_blocks = group.div_ceil(heads_per_cta);
     let kv_head = y / head_blocks;
@@ -155,11 +155,7 @@ pub unsafe fn decode_mma<
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
-    let linear_cta = if SPLIT {
-        y as u64 + head_blocks_all as u64 * item as u64
-    } else {
-        item as u64 + p.batch as u64 * y as u64
-    };
+    let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
     if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
         for s in 0..STAGES - 1 {
             let slot = ring + (s % STAGES) * TILE * 4;
@@ -387,7 +383,7 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATC
     first_head: u32,
     heads: u32,
 ) {
-    let (_, y, head_blocks) = cta_coords::<true>();
+    let (_, y, head_blocks) = cta_coords::<true>(p);
     let counter = unsafe { (p.counters as *mut u32).add((chunk.request * head_blocks + y) as usize) };
     fence_acq_rel_gpu();
     sync_threads();
@@ -453,7 +449,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
-    let (item, kv_head, _) = cta_coords::<SPLIT>();
+    let (item, kv_head, _) = cta_coords::<SPLIT>(p);
     let group = p.num_qo_heads / p.num_kv_heads;
     let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
     let Some(chunk) = chunk else { return };

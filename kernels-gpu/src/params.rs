@@ -43,6 +43,13 @@ pub struct DecodeParams {
     /// Chunk size (tokens) the partition grows shorter chunks to, as long as at least half of
     /// the `num_chunks` items keep a chunk.
     pub preferred_chunk: u32,
+    /// Items one wave of CTAs holds; chunks are then at least `total tokens / balance_items`, so
+    /// that a long request among many short ones is split to about a wave's share while equal
+    /// lengths stay whole. 0: no such bound (the splits fill the grid).
+    pub balance_items: u32,
+    /// Split kernels: 1 puts the head blocks along grid x (consecutive CTAs share a chunk),
+    /// 0 the items (as the unsplit kernels, whose grid x is the requests).
+    pub heads_along_x: u32,
     /// `log2(page_size)` when it is a power of two, else `u32::MAX`.
     pub page_shift: u32,
     /// `sm_scale * log2(e)`: logits are kept in the base-2 domain.
@@ -110,6 +117,9 @@ pub const fn decode_heads_per_cta(head_dim: u32) -> u32 {
 pub const fn decode_d_parts(head_dim: u32) -> u32 {
     if head_dim > 128 { 2 } else { 1 }
 }
+/// Largest batch whose page-table entries the split kernels' partition keeps in registers (8 per
+/// lane), reading the page table once; larger batches re-read it on every pass.
+pub const PARTITION_CACHED_BATCH: u32 = 256;
 /// Most chunks one request is split into (the merge combines up to 64 partials per row).
 pub const MAX_CHUNKS_PER_REQUEST: u32 = 64;
 /// Pipeline depth of the tensor-core kernel.

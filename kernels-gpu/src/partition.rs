@@ -4,8 +4,9 @@
 //! (see [`cta_coords`]); the lengths live on the device, so every CTA derives the same partition
 //! from the page table (the arithmetic is in [`crate::chunking`]):
 //! - the chunk size `C` is a multiple of 16 tokens, at least `min_chunk`, `ceil(longest /
-//!   MAX_CHUNKS_PER_REQUEST)` and `preferred_chunk` (unless that leaves fewer than half the items
-//!   busy), near the smallest for which `Σ_b max(1, ceil(len_b / C)) ≤ num_chunks`;
+//!   MAX_CHUNKS_PER_REQUEST)`, a wave's share `total / balance_items` (when set) and
+//!   `preferred_chunk` (unless that leaves fewer than half the items busy), near the smallest for
+//!   which `Σ_b max(1, ceil(len_b / C)) ≤ num_chunks`;
 //! - request `b` owns the consecutive items `[first_b, first_b + n_b)`, `n_b = max(1,
 //!   ceil(len_b / C))` (an empty request still owns one item, which writes its empty output);
 //! - CTA `x` takes item `x`: tokens `[(x - first_b)·C, …)` of request `b`; CTAs past the last item
@@ -19,15 +20,17 @@
 //!
 //! Every warp computes the whole partition on its own (lanes own contiguous runs of
 //! `ceil(batch / 32)` requests, held in registers up to [`LENS_PER_LANE`]), with shuffles only:
-//! no shared memory and no barrier.
+//! no shared memory and no barrier. When no request is longer than the lower bound on `C`, item
+//! `x` is request `x` and the search is skipped: one pass over the page table, as cheap as the
+//! unsplit kernels' lookup.
 
 use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
 use crate::intrinsics::*;
-use crate::params::DecodeParams;
+use crate::params::{DecodeParams, PARTITION_CACHED_BATCH};
 
-/// Requests whose page-table entries a lane keeps in registers (batch ≤ 128); larger batches
-/// re-read them on every pass.
-const LENS_PER_LANE: usize = 4;
+/// Requests whose page-table entries a lane keeps in registers, all loaded at once; larger
+/// batches re-read them on every pass.
+const LENS_PER_LANE: usize = (PARTITION_CACHED_BATCH / 32) as usize;
 
 /// Token range `[begin, end)` of one chunk of request `request`.
 pub struct Chunk {
@@ -66,13 +69,13 @@ pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
     Chunk { request: b, begin: 0, end: len, first_index, num_pages, first_item: b, chunks: 1 }
 }
 
-/// `(item, head block, head blocks)` of this CTA: the split kernels put the head blocks along
-/// grid x, so that consecutive CTAs cover the KV heads of one chunk (as the unsplit ones cover
-/// consecutive requests of one head block).
+/// `(item, head block, head blocks)` of this CTA. Items run along grid x and head blocks along y
+/// (consecutive CTAs: consecutive chunks of one head block), except for split kernels with
+/// `p.heads_along_x`, whose consecutive CTAs cover the head blocks of one chunk.
 #[inline(always)]
-pub fn cta_coords<const SPLIT: bool>() -> (u32, u32, u32) {
+pub fn cta_coords<const SPLIT: bool>(p: &DecodeParams) -> (u32, u32, u32) {
     let (x, y, _) = block_idx();
-    if SPLIT { (y, x, grid_dim_x()) } else { (x, y, grid_dim_y()) }
+    if SPLIT && p.heads_along_x != 0 { (y, x, grid_dim_x()) } else { (x, y, grid_dim_y()) }
 }
 
 /// Runs `$body` with `$b` and `$entry = (first index, pages, tokens)` bound for each of this
@@ -135,7 +138,12 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         each_request!(lane_requests, |_b, (_, _, len)| n += chunks_of(len, c));
         warp_sum_u32(n)
     };
-    let (lo, hi) = chunk_bounds(total, longest, p.batch, p.num_chunks, p.min_chunk, p.preferred_chunk);
+    let (lo, hi) =
+        chunk_bounds(total, longest, p.batch, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
+    if longest <= lo {
+        // Every request fits one chunk of `lo` (which fits the grid): item = request.
+        return (item < p.batch).then(|| unsafe { whole_request(p, item) });
+    }
     let chunk = chunk_size(lo, hi, |c| items_with(c) <= p.num_chunks);
 
     // Prefix sum of the items over the lanes' request runs; the lane holding `item` broadcasts it.
