@@ -16,8 +16,10 @@ fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, bala
     assert!(lo <= hi && lo.is_multiple_of(16) && hi.is_multiple_of(16), "bounds {lo} {hi}");
     assert!(items(hi) <= num_chunks as u64, "upper bound {hi} needs {} > {num_chunks} chunks", items(hi));
     let chunk = chunk_size(lo, hi, |c| items(c) <= num_chunks as u64);
-    // The device skips the search when every request fits one chunk of `lo`: the same result.
+    // The device skips the search when every request fits one chunk of `lo`, or when the batch
+    // is one request: the same result.
     assert!(longest > lo || chunk == lo, "shortcut: lo {lo}, chunk {chunk}");
+    assert!(lens.len() != 1 || chunk == lo, "single request: lo {lo}, chunk {chunk}");
     (chunk, lens.iter().map(|&l| chunks_of(l, chunk)).collect())
 }
 
@@ -73,10 +75,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
     #[test]
     fn partition_fits_and_covers_every_token(
-        lens in prop::collection::vec(
-            prop_oneof![Just(0u32), Just(1u32), 0u32..5000, 0u32..300_000, Just(u32::MAX / 2)],
-            1..300,
-        ),
+        lens in prop_oneof![
+            prop::collection::vec(
+                prop_oneof![Just(0u32), Just(1u32), 0u32..5000, 0u32..300_000, Just(u32::MAX / 2)],
+                1..300,
+            ),
+            prop::collection::vec(0u32..2_000_000, 1..2),
+        ],
         splits in 1u32..=64,
         spare_fraction in 0.0f64..1.0,
         balance in prop_oneof![Just(0u32), 1u32..600],

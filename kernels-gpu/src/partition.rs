@@ -21,8 +21,8 @@
 //! Every warp computes the whole partition on its own (lanes own contiguous runs of
 //! `ceil(batch / 32)` requests, held in registers up to [`LENS_PER_LANE`]), with shuffles only:
 //! no shared memory and no barrier. When no request is longer than the lower bound on `C`, item
-//! `x` is request `x` and the search is skipped: one pass over the page table, as cheap as the
-//! unsplit kernels' lookup.
+//! `x` is request `x` and the search is skipped: one pass over the page table. A batch of one
+//! request needs neither search nor shuffles.
 
 use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
 use crate::intrinsics::*;
@@ -104,6 +104,9 @@ macro_rules! each_request {
 /// in every lane and warp).
 #[inline(always)]
 pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    if p.batch == 1 {
+        return unsafe { single_request_chunk(p, item) };
+    }
     let lane = thread_idx() % 32;
     let per_lane = p.batch.div_ceil(32);
     let first = lane.saturating_mul(per_lane).min(p.batch);
@@ -173,4 +176,20 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let begin = ((item - first_item) as u64 * chunk as u64).min(len as u64) as u32;
     let end = begin.saturating_add(chunk).min(len);
     Some(Chunk { request, begin, end, first_index, num_pages, first_item, chunks })
+}
+
+/// [`find_chunk`] for a batch of one request, without shuffles: `lo` always fits (it is at least
+/// `len / num_chunks`), so the chunk size is `lo` and the request owns items `[0, ceil(len / lo))`.
+#[inline(always)]
+unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    let (first_index, num_pages, len) = unsafe { request_pages(p, 0) };
+    let (chunk, _) =
+        chunk_bounds(len as u64, len, 1, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
+    let chunks = chunks_of(len, chunk);
+    if item >= chunks {
+        return None;
+    }
+    let begin = (item as u64 * chunk as u64).min(len as u64) as u32;
+    let end = begin.saturating_add(chunk).min(len);
+    Some(Chunk { request: 0, begin, end, first_index, num_pages, first_item: 0, chunks })
 }
