@@ -305,6 +305,22 @@ fn decode_descriptor_case<T: Element>(
             let ws = cfg.workspace_size(desc);
             prop_assert!(ws <= max_ws, "workspace {ws} > limit {max_ws}: {cfg:?}");
             prop_assert!(cfg.is_split() || ws == 0);
+            // The tuning overrides: a typed refusal or a consistent configuration.
+            for n in [0, 1, 7, 65535, u32::MAX] {
+                match cfg.with_spare_chunks(desc, n) {
+                    Ok(c) => {
+                        prop_assert_eq!(c.is_split(), c.num_splits > 1 || n > 0);
+                        prop_assert_eq!(c.balance_items > 0, n > 0);
+                        prop_assert!(!c.is_split() || c.workspace_size(desc) > 0);
+                    }
+                    Err(Error::Unsupported(_)) => {}
+                    Err(e) => return Err(TestCaseError::fail(format!("with_spare_chunks({n}): {e:?}"))),
+                }
+            }
+            for s in [0, 1, 2, MAX_SPLITS, MAX_SPLITS + 1] {
+                let r = cfg.with_num_splits(desc, s);
+                prop_assert!(matches!(r, Ok(_) | Err(Error::Unsupported(_))), "{r:?}");
+            }
         }
         Err(Error::Unsupported(_)) => {}
         Err(e) => return Err(TestCaseError::fail(format!("choose: {e:?}"))),
