@@ -53,7 +53,7 @@ impl Shape {
 }
 
 /// One result row (the format `compare.py` reads).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchRow {
     /// Shape name.
     pub name: String,
@@ -268,6 +268,31 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
     Ok(())
 }
 
+/// Re-plots saved result rows (`bench --json`) without a GPU; the ceiling, unless given, is
+/// recovered from the rows' `tb_s` and `pct_of_ceiling` (their median).
+pub fn replot(
+    json: &std::path::Path,
+    out: &std::path::Path,
+    ceiling: Option<f64>,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let rows: Vec<BenchRow> = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+    let ceiling = match ceiling {
+        Some(c) => c,
+        None => {
+            let mut c: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.pct_of_ceiling > 0.0)
+                .map(|r| 100.0 * r.tb_s / r.pct_of_ceiling)
+                .collect();
+            if c.is_empty() {
+                return Err(format!("{}: no row gives the ceiling; pass --ceiling", json.display()).into());
+            }
+            median(&mut c)
+        }
+    };
+    plot(out, &rows, ceiling)
+}
+
 /// SVG bar chart of TB/s per shape, with the measured ceiling as a line.
 pub fn plot(
     path: &std::path::Path,
@@ -304,4 +329,34 @@ pub fn plot(
     chart.configure_series_labels().border_style(BLACK).draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replot_recovers_the_ceiling_from_saved_rows() {
+        let row = |name: &str, tb_s: f64| BenchRow {
+            name: name.into(),
+            us: 10.0,
+            tb_s,
+            pct_of_ceiling: 100.0 * tb_s / 4.5,
+            num_splits: 1,
+            num_chunks: 8,
+            max_rel_err: None,
+        };
+        let dir = std::env::temp_dir().join(format!("paged-decode-replot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (json, svg) = (dir.join("rows.json"), dir.join("rows.svg"));
+        let rows = [row("a", 4.0), row("b", 2.5), row("c", 0.5)];
+        std::fs::write(&json, serde_json::to_string(&rows).unwrap()).unwrap();
+        replot(&json, &svg, None).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.contains("read ceiling 4.50 TB/s"), "{text}");
+        assert!(["a", "b", "c"].iter().all(|n| text.lines().any(|l| l.trim() == *n)), "{text}");
+        std::fs::write(&json, "[]").unwrap();
+        assert!(replot(&json, &svg, None).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -56,6 +56,17 @@ enum Command {
         #[arg(long)]
         spare: Option<u32>,
     },
+    /// Re-plot saved bench results (`bench --json`) as SVG, without a GPU.
+    Plot {
+        /// Result rows written by `bench --json`.
+        json: PathBuf,
+        /// The SVG to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Read ceiling in TB/s (default: recovered from the rows' `pct_of_ceiling`).
+        #[arg(long)]
+        ceiling: Option<f64>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Run { batch: 32, kv_len: 4096 }) {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
         Command::Inspect { ptx, arch } => inspect(ptx, &arch),
+        Command::Plot { json, out, ceiling } => bench::replot(&json, &out, ceiling),
         Command::Bench { shapes, json, plot, check, no_programmatic_launch, splits, spare } => {
             bench::run_cli(&bench::BenchOptions {
                 shapes,
