@@ -253,6 +253,14 @@ fn decode_edge_cases() {
             },
         ),
         (
+            // 0.73 wave of per-request CTAs: spare chunks, head-major CTA order.
+            "ragged batch within a wave",
+            ProblemSpec {
+                lens: (0..24).map(|i| [1, 17, 300, 1000, 2500, 7000][i % 6]).collect(),
+                ..ProblemSpec::uniform(24, 0, 32, 8, 128, 16)
+            },
+        ),
+        (
             // More than a wave of CTAs with spare chunks: the long requests are cut to a wave's
             // share, the others stay whole.
             "long requests among 250",
