@@ -602,7 +602,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         };
         let head_blocks = kv.num_kv_heads as u32 * self.config.head_blocks;
         let cfg = LaunchConfig {
-            // Split: head blocks along x (consecutive CTAs share a chunk), chunks along y.
+            // Split: head blocks along x (consecutive CTAs share a chunk) or along y (as the
+            // unsplit kernels, whose x runs over the requests).
             grid_dim: match (self.config.is_split(), heads_along_x) {
                 (true, true) => (head_blocks, self.config.num_chunks(&self.desc), 1),
                 (true, false) => (self.config.num_chunks(&self.desc), head_blocks, 1),
