@@ -46,6 +46,18 @@ pub struct Chunk {
     pub chunks: u32,
 }
 
+impl Chunk {
+    /// Item `item` of request `request` (`pages` as [`request_pages`] gives them), which owns the
+    /// `chunks` items from `first_item`, each of `chunk` tokens (the last one shorter).
+    #[inline(always)]
+    fn of_item(request: u32, pages: (u32, u32, u32), first_item: u32, chunks: u32, chunk: u32, item: u32) -> Self {
+        let (first_index, num_pages, len) = pages;
+        let begin = ((item - first_item) as u64 * chunk as u64).min(len as u64) as u32;
+        let end = begin.saturating_add(chunk).min(len);
+        Chunk { request, begin, end, first_index, num_pages, first_item, chunks }
+    }
+}
+
 /// Pages of request `b`: (first index slot, page count, tokens). `indptr` and `last_page_len`
 /// are clamped into range, so a corrupt page table yields garbage lengths, never a bad access.
 #[inline(always)]
@@ -173,9 +185,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     });
     let src = ballot_sync(inclusive > item && inclusive - mine <= item).trailing_zeros();
     let [request, first_item, chunks, first_index, num_pages, len] = found.map(|v| shfl_idx_u32(v, src));
-    let begin = ((item - first_item) as u64 * chunk as u64).min(len as u64) as u32;
-    let end = begin.saturating_add(chunk).min(len);
-    Some(Chunk { request, begin, end, first_index, num_pages, first_item, chunks })
+    Some(Chunk::of_item(request, (first_index, num_pages, len), first_item, chunks, chunk, item))
 }
 
 /// [`find_chunk`] for a batch of one request, without shuffles: `lo` always fits (it is at least
@@ -189,7 +199,5 @@ unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     if item >= chunks {
         return None;
     }
-    let begin = (item as u64 * chunk as u64).min(len as u64) as u32;
-    let end = begin.saturating_add(chunk).min(len);
-    Some(Chunk { request: 0, begin, end, first_index, num_pages, first_item: 0, chunks })
+    Some(Chunk::of_item(0, (first_index, num_pages, len), 0, chunks, chunk, item))
 }
