@@ -222,7 +222,7 @@ fn decode_random_sweep() {
 #[test]
 fn decode_edge_cases() {
     let Some(dev) = device("decode_edge_cases") else { return };
-    let mut cases = vec![
+    let cases = vec![
         ("all empty", ProblemSpec { lens: vec![0, 0, 0], ..ProblemSpec::uniform(3, 0, 8, 2, 128, 16) }),
         ("single tokens", ProblemSpec { lens: vec![1, 1], ..ProblemSpec::uniform(2, 0, 32, 8, 128, 16) }),
         (
@@ -261,15 +261,6 @@ fn decode_edge_cases() {
             },
         ),
         (
-            // More than a wave of CTAs with spare chunks: the long requests are cut to a wave's
-            // share, the others stay whole.
-            "long requests among 250",
-            ProblemSpec {
-                lens: (0..250).map(|i| if i % 100 == 7 { 20000 } else { i % 50 }).collect(),
-                ..ProblemSpec::uniform(250, 0, 8, 2, 128, 16)
-            },
-        ),
-        (
             "batch 16384",
             ProblemSpec {
                 lens: (0..16384).map(|i| i % 37).collect(),
@@ -277,15 +268,25 @@ fn decode_edge_cases() {
             },
         ),
     ];
-    for (i, (_, s)) in cases.iter_mut().enumerate() {
+    // The plan's rule, except where a case opts into spare chunks.
+    let mut cases: Vec<_> = cases.into_iter().map(|(name, spec)| (name, spec, None)).collect();
+    cases.push((
+        // More than a wave of CTAs with (opt-in) spare chunks: the long requests are cut to a
+        // wave's share, the others stay whole.
+        "long requests among 250",
+        ProblemSpec {
+            lens: (0..250).map(|i| if i % 100 == 7 { 20000 } else { i % 50 }).collect(),
+            ..ProblemSpec::uniform(250, 0, 8, 2, 128, 16)
+        },
+        Some(132),
+    ));
+    for (i, (_, s, _)) in cases.iter_mut().enumerate() {
         s.seed = 1000 + i as u64;
     }
-    for (name, spec) in &cases {
+    for (name, spec, spare_chunks) in &cases {
         for kind in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
             let what = format!("{name} {kind:?}");
-            // Beyond a wave, spare chunks are opt-in.
-            let spare_chunks = name.starts_with("long requests among").then_some(132);
-            let pref = PlanPreference { spare_chunks, ..PlanPreference::default() };
+            let pref = PlanPreference { spare_chunks: *spare_chunks, ..PlanPreference::default() };
             let (err, cfg) = match prepare(kind, spec) {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, &h, &r, pref),
                 Prepared::BF16(h, r) => run_and_check(&dev, &what, &h, &r, pref),
