@@ -181,7 +181,6 @@ impl DecodeConfig {
                 (DecodeKernel::Mma, head_blocks, q_tiles, smem, per_sm)
             }
         };
-        let base = desc.batch_size as u64 * kv.num_kv_heads as u64 * head_blocks as u64;
         let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
         let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
         let min_chunk = match kernel {
@@ -201,6 +200,7 @@ impl DecodeConfig {
             preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
             wave_ctas: wave.min(u32::MAX as u64) as u32,
         };
+        let base = desc.batch_size.max(0) as u64 * probe.ctas_per_item(desc); // CTAs, unsplit
         let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
         if 2 * base <= wave {
             // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
@@ -242,10 +242,14 @@ impl DecodeConfig {
         Ok(Self { num_splits: best.1, ..probe })
     }
 
+    /// CTAs per item (chunk): one per KV head and head block.
+    fn ctas_per_item(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
+        desc.paged_kv.num_kv_heads.max(1) as u64 * self.head_blocks.max(1) as u64
+    }
+
     /// Items (chunks of every KV head and head block) that one wave of CTAs holds.
     fn wave_items(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
-        let per_item = desc.paged_kv.num_kv_heads.max(1) as u32 * self.head_blocks.max(1);
-        (self.wave_ctas / per_item).max(1)
+        (self.wave_ctas as u64 / self.ctas_per_item(desc)).max(1) as u32
     }
 
     /// This configuration with `spare_chunks` spare chunks and, with any, the balance bound.
@@ -253,8 +257,7 @@ impl DecodeConfig {
     /// head-major for unsplit requests with spare chunks within one wave.
     fn with_spare(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Self {
         let balance_items = if spare_chunks > 0 { self.wave_items(desc) } else { 0 };
-        let per_request = desc.paged_kv.num_kv_heads.max(0) as u64 * self.head_blocks as u64;
-        let beyond_a_wave = desc.batch_size.max(0) as u64 * per_request > self.wave_ctas as u64;
+        let beyond_a_wave = desc.batch_size.max(0) as u64 * self.ctas_per_item(desc) > self.wave_ctas as u64;
         let heads_along_x = self.num_splits > 1 || beyond_a_wave;
         Self { spare_chunks, balance_items, heads_along_x, ..self }
     }
