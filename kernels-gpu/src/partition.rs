@@ -50,7 +50,14 @@ impl Chunk {
     /// Item `item` of request `request` (`pages` as [`request_pages`] gives them), which owns the
     /// `chunks` items from `first_item`, each of `chunk` tokens (the last one shorter).
     #[inline(always)]
-    fn of_item(request: u32, pages: (u32, u32, u32), first_item: u32, chunks: u32, chunk: u32, item: u32) -> Self {
+    fn of_item(
+        request: u32,
+        pages: (u32, u32, u32),
+        first_item: u32,
+        chunks: u32,
+        chunk: u32,
+        item: u32,
+    ) -> Self {
         let (first_index, num_pages, len) = pages;
         let begin = ((item - first_item) as u64 * chunk as u64).min(len as u64) as u32;
         let end = begin.saturating_add(chunk).min(len);
