@@ -19,6 +19,7 @@ fn main() {
         programmatic_launch: true,
         num_splits: None,
         spare_chunks: None,
+        indices_slack: 0,
     };
     if let Err(e) = run_cli(&opts) {
         eprintln!("error: {e}");

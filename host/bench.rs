@@ -65,8 +65,12 @@ pub struct BenchRow {
     pub pct_of_ceiling: f64,
     /// KV splits per request (at equal lengths) the selected plan uses.
     pub num_splits: u32,
-    /// Chunks the kernel partitions the requests into (CTAs per KV head and head block).
+    /// Chunks the kernel partitions the requests into.
     pub num_chunks: u32,
+    /// CTAs per KV head and head block along the chunks (fewer than `num_chunks` when the page
+    /// table cannot hold enough tokens to use them all).
+    #[serde(default)]
+    pub launched_chunks: u32,
     /// Largest relative L2 error of the checked requests, when checking was on.
     pub max_rel_err: Option<f64>,
 }
@@ -88,6 +92,9 @@ pub struct BenchOptions {
     pub num_splits: Option<u32>,
     /// Spare chunks instead of the plan's rule ([`PlanPreference::spare_chunks`]).
     pub spare_chunks: Option<u32>,
+    /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
+    /// sized for a larger batch, which keeps split grids at their full size.
+    pub indices_slack: usize,
 }
 
 /// Median time of one call.
@@ -176,8 +183,9 @@ pub fn bench_shape<T: Element>(
     ceiling: f64,
     check: bool,
     pref: PlanPreference,
+    indices_slack: usize,
 ) -> Result<BenchRow> {
-    let spec = shape.spec();
+    let spec = ProblemSpec { indices_slack, ..shape.spec() };
     let host = HostProblem::<T>::random(&spec);
     let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, pref)?;
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
@@ -212,6 +220,11 @@ pub fn bench_shape<T: Element>(
         pct_of_ceiling: 100.0 * tb_s / ceiling,
         num_splits: plan.config().num_splits,
         num_chunks: plan.config().num_chunks(plan.descriptor()),
+        launched_chunks: if plan.config().is_split() {
+            plan.config().launched_chunks(plan.descriptor(), host.indices.len())
+        } else {
+            spec.batch() as u32
+        },
         max_rel_err,
     })
 }
@@ -236,25 +249,25 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
     println!(
-        "{:<28} {:>10} {:>8} {:>8} {:>7} {:>7} {:>10}",
+        "{:<28} {:>10} {:>8} {:>8} {:>7} {:>9} {:>10}",
         "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "rel err"
     );
     let mut rows = Vec::new();
     for shape in &shapes {
         let row = match shape.dtype.as_str() {
-            "f16" => bench_shape::<f16>(&device, shape, ceiling, opts.check, pref)?,
-            "bf16" => bench_shape::<bf16>(&device, shape, ceiling, opts.check, pref)?,
-            "f32" => bench_shape::<f32>(&device, shape, ceiling, opts.check, pref)?,
+            "f16" => bench_shape::<f16>(&device, shape, ceiling, opts.check, pref, opts.indices_slack)?,
+            "bf16" => bench_shape::<bf16>(&device, shape, ceiling, opts.check, pref, opts.indices_slack)?,
+            "f32" => bench_shape::<f32>(&device, shape, ceiling, opts.check, pref, opts.indices_slack)?,
             other => return Err(format!("{}: unknown dtype {other}", shape.name).into()),
         };
         println!(
-            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>7} {:>10}",
+            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>9} {:>10}",
             row.name,
             row.us,
             row.tb_s,
             row.pct_of_ceiling,
             row.num_splits,
-            row.num_chunks,
+            format!("{}/{}", row.launched_chunks, row.num_chunks),
             row.max_rel_err.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "-".into())
         );
         rows.push(row);
@@ -344,6 +357,7 @@ mod tests {
             pct_of_ceiling: 100.0 * tb_s / 4.5,
             num_splits: 1,
             num_chunks: 8,
+            launched_chunks: 8,
             max_rel_err: None,
         };
         let dir = std::env::temp_dir().join(format!("paged-decode-replot-{}", std::process::id()));

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 
-use crate::chunking::{chunk_bounds, chunk_size, chunks_of, round16};
+use crate::chunking::{chunk_bounds, chunk_size, chunks_of, max_items, round16};
 use crate::params::MAX_CHUNKS_PER_REQUEST;
 
 /// (chunk size, chunks per request) as every CTA of the split kernel computes them.
@@ -53,6 +53,21 @@ fn equal_lengths_get_num_splits_chunks_each() {
 }
 
 #[test]
+fn a_tight_page_table_launches_only_the_chunks_it_can_use() {
+    // One request in a grid of 33 items: chunks of at least 4 tiles while half the items stay busy.
+    for (len, used) in [(1024, 16), (4096, 16), (6000, 24), (32768, 33)] {
+        let (_, n) = partition(&[len], 33, 64, 256, 0);
+        let launched = max_items(1, 33, len as u64, 64, 256, 0);
+        assert_eq!((n[0], launched), (used, used), "len {len}");
+    }
+    // A page table with room for more tokens than the batch holds keeps the whole grid.
+    assert_eq!(max_items(1, 33, 1 << 20, 64, 256, 0), 33);
+    assert_eq!(max_items(8, 32, 8 * 4096, 64, 256, 0), 32);
+    // Empty requests still take one item each.
+    assert_eq!((max_items(1, 33, 0, 64, 256, 0), max_items(5, 40, 0, 64, 256, 0)), (1, 5));
+}
+
+#[test]
 fn long_requests_beyond_a_wave_are_cut_to_a_wave_share() {
     // 60 requests of 200…2500 tokens and 4 of 12000, 33 items per wave.
     let mut lens: Vec<u32> = (0..60).map(|i| 200 + (i * 397) % 2300).collect();
@@ -86,6 +101,7 @@ proptest! {
         spare_fraction in 0.0f64..1.0,
         balance in prop_oneof![Just(0u32), 1u32..600],
         tile in prop::sample::select(vec![32u32, 64, 128]),
+        capacity_slack in prop_oneof![Just(0u64), 0u64..100, 0u64..1_000_000],
     ) {
         let batch = lens.len() as u32;
         // Spare chunks: fewer than the batch, or a wave's worth with the balance bound.
@@ -97,7 +113,13 @@ proptest! {
         let num_chunks = batch * splits + spare;
         let (chunk, n) = partition(&lens, num_chunks, tile, 4 * tile, balance);
         prop_assert!(chunk.is_multiple_of(16) && chunk >= tile);
-        prop_assert!(n.iter().map(|&n| n as u64).sum::<u64>() <= num_chunks as u64);
+        let items = n.iter().map(|&n| n as u64).sum::<u64>();
+        prop_assert!(items <= num_chunks as u64);
+        // The grid the host launches for a page table of at least `total` tokens holds them all.
+        let capacity = lens.iter().map(|&l| l as u64).sum::<u64>() + capacity_slack;
+        let launched = max_items(batch, num_chunks, capacity, tile, 4 * tile, balance);
+        prop_assert!(items <= launched as u64, "{} items, {} launched", items, launched);
+        prop_assert!(launched >= batch && launched <= num_chunks);
         for (&len, &n) in lens.iter().zip(&n) {
             prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);
             // Chunks [j·C, min((j + 1)·C, len)) for j < n: all non-empty, together exactly [0, len).

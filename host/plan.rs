@@ -304,6 +304,24 @@ impl DecodeConfig {
         chunks.min(u32::MAX as u64) as u32
     }
 
+    /// CTAs per head block the split kernels launch along the chunk dimension for a page table of
+    /// `num_indices` slots: `num_chunks`, or fewer when that many slots cannot hold enough tokens
+    /// to use them all (a short request in a one-wave grid). The kernel's partition stays the
+    /// one of `num_chunks`, and a bound on the chunk size it picks shows that it never
+    /// produces more items than this (`chunking::max_items`). A page-table view sized to the batch's pages (rather
+    /// than to the largest batch a server expects) lets short batches launch fewer CTAs.
+    pub fn launched_chunks(&self, desc: &BatchPagedDecodeDescriptor, num_indices: usize) -> u32 {
+        let page_size = desc.paged_kv.page_size.max(0) as u64;
+        crate::chunking::max_items(
+            desc.batch_size.max(0) as u32,
+            self.num_chunks(desc),
+            num_indices as u64 * page_size,
+            self.min_chunk,
+            self.preferred_chunk,
+            self.balance_items,
+        )
+    }
+
     /// Whether requests may be split (the split kernel, a workspace and a merge).
     pub fn is_split(&self) -> bool {
         self.num_splits > 1 || self.spare_chunks > 0
@@ -604,12 +622,13 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             prefetch_ctas: if self.programmatic { self.config.wave_ctas } else { 0 },
         };
         let head_blocks = kv.num_kv_heads as u32 * self.config.head_blocks;
+        let chunks = self.config.launched_chunks(&self.desc, args.indices.shape[0].max(0) as usize);
         let cfg = LaunchConfig {
             // Split: head blocks along x (consecutive CTAs share a chunk) or along y (as the
             // unsplit kernels, whose x runs over the requests).
             grid_dim: match (self.config.is_split(), heads_along_x) {
-                (true, true) => (head_blocks, self.config.num_chunks(&self.desc), 1),
-                (true, false) => (self.config.num_chunks(&self.desc), head_blocks, 1),
+                (true, true) => (head_blocks, chunks, 1),
+                (true, false) => (chunks, head_blocks, 1),
                 (false, _) => (self.desc.batch_size as u32, head_blocks, 1),
             },
             block_dim: (params::DECODE_THREADS, 1, 1),

@@ -63,6 +63,9 @@ pub struct ProblemSpec {
     pub q_scale: f64,
     /// Unused pages added to the store (so page ids are not dense).
     pub spare_pages: usize,
+    /// Unused entries (valid page ids) after the last request's in `indices`: a page-table buffer
+    /// larger than the batch needs, as a server sizes it for its largest batch.
+    pub indices_slack: usize,
     /// Seed of the random data and page permutation.
     pub seed: u64,
 }
@@ -79,6 +82,7 @@ impl ProblemSpec {
             sm_scale: 1.0 / (d as f32).sqrt(),
             q_scale: 1.0,
             spare_pages: 0,
+            indices_slack: 0,
             seed: 0x5eed,
         }
     }
@@ -131,7 +135,8 @@ impl<T: Element> HostProblem<T> {
         for &n in &pages_per {
             indptr.push(indptr.last().unwrap() + n as i32);
         }
-        let indices = perm[..used].to_vec();
+        let mut indices = perm[..used].to_vec();
+        indices.extend((0..spec.indices_slack).map(|i| perm[i % total_pages]));
         let last_page_len = spec
             .lens
             .iter()

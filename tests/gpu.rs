@@ -98,6 +98,8 @@ fn random_spec(rng: &mut Rng, seed: u64) -> (ElementKind, ProblemSpec) {
         sm_scale: (0.02 + rng.below(1000) as f32 / 4000.0) * if rng.below(8) == 0 { -1.0 } else { 1.0 },
         q_scale: [1.0, 2.0, 4.0][rng.below(3) as usize],
         spare_pages: rng.below(5) as usize,
+        // A page table sized to the batch bounds the split grid; a larger one keeps it whole.
+        indices_slack: if rng.below(4) == 0 { rng.below(3000) as usize } else { 0 },
         seed,
     };
     (kind, spec)
@@ -494,6 +496,12 @@ fn checked_mode_reports_bad_page_tables() {
     let mut h = good.clone();
     h.last_page_len[3] = 17;
     corruptions.push(("last_page_len > page_size", h));
+    // Two requests own every page: more tokens than the page table holds, for which the split
+    // grid (sized by `indices`) has too few CTAs.
+    let mut h = good.clone();
+    let n = h.indices.len() as i32;
+    h.indptr = vec![0, n, 0, n, n];
+    corruptions.push(("overlapping requests", h));
     for (name, bad) in &corruptions {
         let mut buf = DeviceProblem::upload(&dev.stream, bad, plan.workspace_size()).unwrap();
         let (mut args, mut ws) = buf.args_and_workspace();
@@ -508,6 +516,10 @@ fn checked_mode_reports_bad_page_tables() {
     let mut buf = DeviceProblem::upload(&dev.stream, &good, plan.workspace_size()).unwrap();
     let (mut args, mut ws) = buf.args_and_workspace();
     plan.run(&dev.stream, &mut ws, &mut args).unwrap();
+    // The corrupt runs left no split state behind (arrival counters): the fast path is exact again.
+    assert!(fast.config().is_split(), "the fast plan should split these short requests");
+    let (o, lse) = run_decode(&dev, &fast, &mut buf);
+    check("after corrupt page tables", &spec, &o, &lse, &good.reference().unwrap());
 }
 
 /// `run` refuses a missing or short workspace.

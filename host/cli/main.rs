@@ -55,6 +55,9 @@ enum Command {
         /// Spare chunks for long requests instead of the plan's rule (tuning).
         #[arg(long)]
         spare: Option<u32>,
+        /// Unused page-table slots after the batch's (a buffer sized for a larger batch).
+        #[arg(long, default_value_t = 0)]
+        indices_slack: usize,
     },
     /// Re-plot saved bench results (`bench --json`) as SVG, without a GPU.
     Plot {
@@ -75,17 +78,25 @@ fn main() -> ExitCode {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
         Command::Inspect { ptx, arch } => inspect(ptx, &arch),
         Command::Plot { json, out, ceiling } => bench::replot(&json, &out, ceiling),
-        Command::Bench { shapes, json, plot, check, no_programmatic_launch, splits, spare } => {
-            bench::run_cli(&bench::BenchOptions {
-                shapes,
-                json,
-                plot,
-                check,
-                programmatic_launch: !no_programmatic_launch,
-                num_splits: splits,
-                spare_chunks: spare,
-            })
-        }
+        Command::Bench {
+            shapes,
+            json,
+            plot,
+            check,
+            no_programmatic_launch,
+            splits,
+            spare,
+            indices_slack,
+        } => bench::run_cli(&bench::BenchOptions {
+            shapes,
+            json,
+            plot,
+            check,
+            programmatic_launch: !no_programmatic_launch,
+            num_splits: splits,
+            spare_chunks: spare,
+            indices_slack,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

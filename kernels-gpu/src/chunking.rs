@@ -81,3 +81,32 @@ pub fn chunk_size(lo: u32, hi: u32, mut fits: impl FnMut(u32) -> bool) -> u32 {
         hi
     }
 }
+
+/// Most items the partition can produce for `batch` requests holding at most `token_capacity`
+/// tokens together (the page table's `num_indices × page_size`), with the parameters of
+/// [`chunk_bounds`]; at most `num_chunks`. The host launches this many CTAs per head block, so a
+/// short batch in a one-wave grid starts no CTA that would only find no chunk.
+///
+/// Every chunk `C ≥ lo` is at least `min_chunk`, `total / num_chunks`, `total / balance_items`
+/// and either `preferred_chunk` or `total / (num_chunks / 2)` (16 tokens in any case), which
+/// bounds `total / C` by `q`; then `Σ max(1, ceil(len_b / C)) ≤ batch + floor(q)`, and a single
+/// request takes `max(1, ceil(q))`.
+pub fn max_items(
+    batch: u32,
+    num_chunks: u32,
+    token_capacity: u64,
+    min_chunk: u32,
+    preferred_chunk: u32,
+    balance_items: u32,
+) -> u32 {
+    let per = |chunk: u32| {
+        let chunk = round16(chunk as u64).max(16) as u64;
+        if batch == 1 { token_capacity.div_ceil(chunk) } else { token_capacity / chunk }
+    };
+    let mut q = per(min_chunk).min(per(preferred_chunk).max((num_chunks / 2).max(1) as u64));
+    if balance_items > 0 {
+        q = q.min(balance_items as u64);
+    }
+    let items = if batch == 1 { q.max(1) } else { batch as u64 + q };
+    items.min(num_chunks as u64) as u32
+}

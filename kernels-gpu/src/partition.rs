@@ -153,6 +153,12 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         total += lo | (hi << 32);
         longest = longest.max(shfl_xor_u32(longest, m));
     }
+    if total > p.num_indices as u64 * p.page_size as u64 {
+        // Only overlapping requests (a corrupt `indptr`) hold more tokens than the page table
+        // has slots; the grid is sized for that capacity ([`crate::chunking::max_items`]), so no
+        // CTA takes an item, and no arrival counter is left behind.
+        return None;
+    }
 
     // Items needed with chunk size `c`.
     let items_with = |c: u32| {
