@@ -240,6 +240,9 @@ fn decode_edge_cases() {
         ("group 64", ProblemSpec::uniform(2, 300, 128, 2, 128, 16)),
         ("group 65", ProblemSpec::uniform(2, 200, 65, 1, 64, 8)),
         ("long context", ProblemSpec::uniform(1, 20000, 32, 8, 128, 16)),
+        // One request in 16 chunks: one merge batch at d 64, two at d 256.
+        ("one request, group 64, d 64", ProblemSpec::uniform(1, 4000, 64, 1, 64, 16)),
+        ("one request, d 256, 16 chunks", ProblemSpec::uniform(1, 2000, 16, 2, 256, 16)),
         (
             "one long request among short and empty ones",
             ProblemSpec {
@@ -309,9 +312,13 @@ fn decode_deterministic_and_graph_replay() {
     let Some(dev) = device("decode_deterministic_and_graph_replay") else { return };
     let ragged =
         ProblemSpec { lens: vec![3000, 10, 0, 1200, 1], ..ProblemSpec::uniform(5, 0, 32, 8, 128, 16) };
-    for spec in
-        [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(64, 700, 32, 8, 128, 16), ragged]
-    {
+    // The one-request case launches only the chunks its page table can fill.
+    for spec in [
+        ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
+        ProblemSpec::uniform(64, 700, 32, 8, 128, 16),
+        ragged,
+        ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
+    ] {
         let host = HostProblem::<f16>::random(&spec);
         let plan =
             BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
@@ -357,10 +364,14 @@ fn chained_decodes_see_the_previous_kernels_output() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let Some(dev) = device("chained_decodes_see_the_previous_kernels_output") else { return };
     let s = &dev.stream;
-    for (i, spec) in
-        [ProblemSpec::uniform(2, 3000, 32, 8, 128, 16), ProblemSpec::uniform(96, 500, 32, 8, 128, 16)]
-            .into_iter()
-            .enumerate()
+    // One request: a grid of only the chunks its page table can fill.
+    for (i, spec) in [
+        ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
+        ProblemSpec::uniform(96, 500, 32, 8, 128, 16),
+        ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let first = HostProblem::<f16>::random(&spec);
         let second = HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() });

@@ -385,7 +385,9 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATC
 ) {
     let (_, y, head_blocks) = cta_coords::<true>(p);
     let counter = unsafe { (p.counters as *mut u32).add((chunk.request * head_blocks + y) as usize) };
-    fence_acq_rel_gpu();
+    // The barrier orders every thread's partial writes before thread 0's release, and the merge's
+    // reads after its acquire (barriers synchronize with each other, and causality order is
+    // transitive): no fence by every thread, as in CUTLASS's semaphore.
     sync_threads();
     let mut last = false;
     if thread_idx() == 0 {
@@ -397,7 +399,6 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATC
     if thread_idx() == 0 {
         unsafe { *counter = 0 };
     }
-    fence_acq_rel_gpu();
     let mut h = first_head + thread_idx() / 32;
     while h < first_head + heads {
         let row = (chunk.request * p.num_qo_heads + h) as usize;

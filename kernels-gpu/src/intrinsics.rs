@@ -261,12 +261,6 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// `fence.acq_rel.gpu`: orders this thread's memory accesses at device scope.
-#[inline(always)]
-pub fn fence_acq_rel_gpu() {
-    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
-}
-
 /// `atom.acq_rel.gpu.global.add.u32`, returning the old value.
 #[inline(always)]
 pub unsafe fn atomic_add_acq_rel_u32(p: *mut u32, v: u32) -> u32 {
