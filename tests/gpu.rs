@@ -240,9 +240,9 @@ fn decode_edge_cases() {
         ("group 64", ProblemSpec::uniform(2, 300, 128, 2, 128, 16)),
         ("group 65", ProblemSpec::uniform(2, 200, 65, 1, 64, 8)),
         ("long context", ProblemSpec::uniform(1, 20000, 32, 8, 128, 16)),
-        // One request in 16 chunks: one merge batch at d 64, two at d 256.
+        // One request in a few dozen chunks: several merge rounds, group 64 and d 256.
         ("one request, group 64, d 64", ProblemSpec::uniform(1, 4000, 64, 1, 64, 16)),
-        ("one request, d 256, 16 chunks", ProblemSpec::uniform(1, 2000, 16, 2, 256, 16)),
+        ("one request, d 256", ProblemSpec::uniform(1, 2000, 16, 2, 256, 16)),
         (
             "one long request among short and empty ones",
             ProblemSpec {
