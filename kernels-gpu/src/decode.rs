@@ -7,8 +7,9 @@
 //! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
 //!
 //! Parallelisation
-//! - Grid `(num_chunks, num_kv_heads * head_blocks)` (split kernels may swap the two, see
-//!   [`cta_coords`]). One CTA of 4 warps owns one
+//! - Grid `(chunks, num_kv_heads * head_blocks)` (split kernels may swap the two, see
+//!   [`cta_coords`]; `chunks` is `batch` unsplit, at most `num_chunks` split). One CTA of 4 warps
+//!   owns one
 //!   (token chunk of a request, KV head, block of ≤ 64 query heads of its GQA group (32 for
 //!   D = 256)). Unsplit, chunk `x` is request `x`; split, every CTA derives the same
 //!   length-aware partition of the requests into `num_chunks` chunks from the page table

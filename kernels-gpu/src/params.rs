@@ -35,8 +35,9 @@ pub struct DecodeParams {
     pub page_size: u32,
     pub num_total_pages: u32,
     pub num_indices: u32,
-    /// Items (CTAs along grid x) the requests are partitioned into: `batch` for the unsplit
-    /// kernels (one per request), `≥ batch` for the split ones (see `partition`).
+    /// Items the requests are partitioned into: `batch` for the unsplit kernels (one per
+    /// request), `≥ batch` for the split ones (see `partition`), whose grid has at most this many
+    /// CTAs per head block along its chunk dimension.
     pub num_chunks: u32,
     /// Smallest chunk, in tokens, a split may take.
     pub min_chunk: u32,

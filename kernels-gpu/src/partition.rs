@@ -1,16 +1,18 @@
 //! Length-aware split of the requests into chunks, computed on the device by every CTA.
 //!
-//! The host fixes only `num_chunks`, the CTAs per head block along the grid's chunk dimension
-//! (see [`cta_coords`]); the lengths live on the device, so every CTA derives the same partition
-//! from the page table (the arithmetic is in [`crate::chunking`]):
+//! The host fixes only `num_chunks`, the items per head block the partition may use; the lengths
+//! live on the device, so every CTA derives the same partition from the page table (the
+//! arithmetic is in [`crate::chunking`]):
 //! - the chunk size `C` is a multiple of 16 tokens, at least `min_chunk`, `ceil(longest /
 //!   MAX_CHUNKS_PER_REQUEST)`, a wave's share `total / balance_items` (when set) and
 //!   `preferred_chunk` (unless that leaves fewer than half the items busy), near the smallest for
 //!   which `Σ_b max(1, ceil(len_b / C)) ≤ num_chunks`;
 //! - request `b` owns the consecutive items `[first_b, first_b + n_b)`, `n_b = max(1,
 //!   ceil(len_b / C))` (an empty request still owns one item, which writes its empty output);
-//! - CTA `x` takes item `x`: tokens `[(x - first_b)·C, …)` of request `b`; CTAs past the last item
-//!   exit at once.
+//! - CTA `x` along the grid's chunk dimension (see [`cta_coords`]) takes item `x`: tokens
+//!   `[(x - first_b)·C, …)` of request `b`; CTAs past the last item exit at once. The host
+//!   launches only as many as the page table's slots can fill ([`crate::chunking::max_items`]),
+//!   and when a corrupt `indptr` claims more tokens than that, every CTA exits.
 //!
 //! Long requests thus get more chunks than short ones, so the longest request no longer sets
 //! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets
