@@ -152,7 +152,8 @@ pub struct DecodeConfig {
 
 impl DecodeConfig {
     /// Picks the kernel and the split count from the number of (request, KV head, head block)
-    /// CTAs: half a wave or less, as many splits as one full wave holds; up to one poorly filled
+    /// CTAs: half a wave or less, as many splits as one full wave holds (in whole merge batches
+    /// while 90 % of the wave stays busy); up to one poorly filled
     /// wave, no split but spare chunks for long requests; a well-filled wave or more, no split;
     /// otherwise enough splits that the last wave is at least 85 % busy. Capped by
     /// [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
@@ -205,7 +206,16 @@ impl DecodeConfig {
         if 2 * base <= wave {
             // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
             // shorter chunks), within MAX_SPLITS and the workspace.
-            let most = (wave / base.max(1)).min(MAX_SPLITS as u64) as u32;
+            let mut most = (wave / base.max(1)).min(MAX_SPLITS as u64) as u32;
+            if kernel == DecodeKernel::Mma {
+                // A split count just past a multiple of the merge's batch costs a whole merge
+                // round trip for a few more CTAs: round down while 90 % of the wave stays busy.
+                let batch = params::decode_merge_batch(d);
+                let down = most / batch * batch;
+                if down > 0 && 10 * down as u64 * base >= 9 * wave {
+                    most = down;
+                }
+            }
             let num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
             return Ok(Self { num_splits, ..probe });
         }

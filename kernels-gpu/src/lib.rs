@@ -18,7 +18,9 @@ pub mod params;
 pub mod partition;
 
 use element::{BF16, F16};
-use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_d_parts, decode_tile_tokens};
+use params::{
+    AppendParams, DecodeParams, PageTableCheckParams, decode_d_parts, decode_merge_batch, decode_tile_tokens,
+};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -39,8 +41,7 @@ macro_rules! decode_mma_entry {
                     { decode_tile_tokens($d) },
                     $q_in_regs,
                     $split,
-                    // 16 partial rows in flight per lane (8 for D = 256: twice the columns).
-                    { 16 / decode_d_parts($d) as usize },
+                    { decode_merge_batch($d) as usize },
                 >(&p)
             }
         }

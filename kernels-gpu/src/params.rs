@@ -123,6 +123,12 @@ pub const fn decode_d_parts(head_dim: u32) -> u32 {
 pub const PARTITION_CACHED_BATCH: u32 = 256;
 /// Most chunks one request is split into (the merge combines up to 64 partials per row).
 pub const MAX_CHUNKS_PER_REQUEST: u32 = 64;
+/// Partial rows each lane of the tensor-core kernels' split merge keeps in flight: one L2 round
+/// trip per this many chunks of a request (16 × D/32 f32 registers; 8 at D = 256, whose rows are
+/// twice as wide).
+pub const fn decode_merge_batch(head_dim: u32) -> u32 {
+    if head_dim > 128 { 8 } else { 16 }
+}
 /// Pipeline depth of the tensor-core kernel.
 pub const DECODE_STAGES: u32 = 3;
 /// Tokens per pipeline stage: 16 KB of K and 16 KB of V whatever the head_dim.
