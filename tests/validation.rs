@@ -481,6 +481,25 @@ fn large_batch_needs_no_split() {
     }
 }
 
+/// The split grid launches only the chunks the page table's slots can fill; a page table with
+/// room for more tokens keeps the whole grid, and unsplit plans launch one CTA per request.
+#[test]
+fn launched_chunks_follow_the_page_table_capacity() {
+    let one = decode_desc(ElementKind::F16, 1, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&one, &H200, usize::MAX).unwrap();
+    assert_eq!(cfg.num_chunks(&one), 32);
+    // 16-token pages: 64 slots hold 1024 tokens, 256 slots 4096 (chunks of 4 tiles), 4096 slots
+    // a 64k-token request (all 32 chunks).
+    for (slots, want) in [(0, 1), (1, 1), (64, 16), (256, 16), (300, 19), (4096, 32), (1 << 20, 32)] {
+        assert_eq!(cfg.launched_chunks(&one, slots), want, "{slots} slots");
+    }
+    let eight = decode_desc(ElementKind::F16, 8, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&eight, &H200, usize::MAX).unwrap();
+    assert_eq!(cfg.launched_chunks(&eight, 8 * 256), 32);
+    // Eight 1-page requests: one item each, plus the bound's slack of 128 tokens / 64-token chunks.
+    assert_eq!(cfg.launched_chunks(&eight, 8), 10);
+}
+
 /// Spare chunks on request (`PlanPreference::spare_chunks`): beyond a wave, chunks of a wave's
 /// share in chunk-major CTA order; within one wave of unsplit requests, head-major.
 #[test]
