@@ -316,10 +316,10 @@ impl DecodeConfig {
 
     /// CTAs per head block the split kernels launch along the chunk dimension for a page table of
     /// `num_indices` slots: `num_chunks`, or fewer when that many slots cannot hold enough tokens
-    /// to use them all (a short request in a one-wave grid). The kernel's partition stays the
-    /// one of `num_chunks`, and a bound on the chunk size it picks shows that it never
-    /// produces more items than this (`chunking::max_items`). A page-table view sized to the batch's pages (rather
-    /// than to the largest batch a server expects) lets short batches launch fewer CTAs.
+    /// to use them all (a short request in a one-wave grid). The kernel's partition stays the one
+    /// of `num_chunks`; a bound on the chunk size it picks shows that it never produces more
+    /// items than this (`chunking::max_items`). A page-table view sized to the batch's pages
+    /// (rather than to the largest batch a server expects) lets short batches launch fewer CTAs.
     pub fn launched_chunks(&self, desc: &BatchPagedDecodeDescriptor, num_indices: usize) -> u32 {
         let page_size = desc.paged_kv.page_size.max(0) as u64;
         crate::chunking::max_items(
