@@ -220,11 +220,7 @@ pub fn bench_shape<T: Element>(
         pct_of_ceiling: 100.0 * tb_s / ceiling,
         num_splits: plan.config().num_splits,
         num_chunks: plan.config().num_chunks(plan.descriptor()),
-        launched_chunks: if plan.config().is_split() {
-            plan.config().launched_chunks(plan.descriptor(), host.indices.len())
-        } else {
-            spec.batch() as u32
-        },
+        launched_chunks: plan.config().launched_chunks(plan.descriptor(), host.indices.len()),
         max_rel_err,
     })
 }

@@ -274,14 +274,7 @@ impl DecodeConfig {
 
     /// This configuration with `spare_chunks` spare chunks ([`PlanPreference::spare_chunks`]).
     pub fn with_spare_chunks(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Result<Self> {
-        let cfg = self.with_spare(desc, spare_chunks);
-        if cfg.is_split() && cfg.num_chunks(desc) > MAX_GRID_Y {
-            return Err(Error::Unsupported(format!(
-                "batch_size × num_splits + spare_chunks = {} exceeds the grid limit {MAX_GRID_Y}",
-                cfg.num_chunks(desc)
-            )));
-        }
-        Ok(cfg)
+        self.with_spare(desc, spare_chunks).within_grid(desc, "batch_size × num_splits + spare_chunks")
     }
 
     /// This configuration with `num_splits` chunks per request at equal lengths and no spare
@@ -290,20 +283,30 @@ impl DecodeConfig {
         if !(1..=MAX_SPLITS).contains(&num_splits) {
             return Err(Error::Unsupported(format!("num_splits {num_splits} is outside 1..={MAX_SPLITS}")));
         }
-        let cfg = Self { num_splits, spare_chunks: 0, balance_items: 0, heads_along_x: true, ..self };
-        if cfg.is_split() && cfg.num_chunks(desc) > MAX_GRID_Y {
+        Self { num_splits, spare_chunks: 0, balance_items: 0, heads_along_x: true, ..self }
+            .within_grid(desc, "batch_size × num_splits")
+    }
+
+    /// Whether the split kernels' chunks fit along grid y.
+    fn grid_holds(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
+        !self.is_split() || self.num_chunks(desc) <= MAX_GRID_Y
+    }
+
+    /// This configuration, or [`Error::Unsupported`] naming its chunk count `what` when the
+    /// grid cannot hold it.
+    fn within_grid(self, desc: &BatchPagedDecodeDescriptor, what: &str) -> Result<Self> {
+        if !self.grid_holds(desc) {
             return Err(Error::Unsupported(format!(
-                "batch_size × num_splits = {} exceeds the grid limit {MAX_GRID_Y}",
-                cfg.num_chunks(desc)
+                "{what} = {} exceeds the grid limit {MAX_GRID_Y}",
+                self.num_chunks(desc)
             )));
         }
-        Ok(cfg)
+        Ok(self)
     }
 
     /// Whether the workspace and the grid hold this configuration.
     fn fits(&self, desc: &BatchPagedDecodeDescriptor, max_workspace_bytes: usize) -> bool {
-        self.workspace_size(desc) <= max_workspace_bytes
-            && (!self.is_split() || self.num_chunks(desc) <= MAX_GRID_Y)
+        self.workspace_size(desc) <= max_workspace_bytes && self.grid_holds(desc)
     }
 
     /// Chunks per head block, `batch × num_splits + spare_chunks` (grid y of the split kernels,
@@ -314,16 +317,21 @@ impl DecodeConfig {
         chunks.min(u32::MAX as u64) as u32
     }
 
-    /// CTAs per head block the split kernels launch along the chunk dimension for a page table of
-    /// `num_indices` slots: `num_chunks`, or fewer when that many slots cannot hold enough tokens
-    /// to use them all (a short request in a one-wave grid). The kernel's partition stays the one
-    /// of `num_chunks`; a bound on the chunk size it picks shows that it never produces more
-    /// items than this (`chunking::max_items`). A page-table view sized to the batch's pages
-    /// (rather than to the largest batch a server expects) lets short batches launch fewer CTAs.
+    /// CTAs per head block the launch has along its chunk dimension for a page table of
+    /// `num_indices` slots: one per request unsplit; split, `num_chunks`, or fewer when that many
+    /// slots cannot hold enough tokens to use them all (a short request in a one-wave grid). The
+    /// kernel's partition stays the one of `num_chunks`; a bound on the chunk size it picks shows
+    /// that it never produces more items than this (`chunking::max_items`). A page-table view
+    /// sized to the batch's pages (rather than to the largest batch a server expects) lets short
+    /// batches launch fewer CTAs.
     pub fn launched_chunks(&self, desc: &BatchPagedDecodeDescriptor, num_indices: usize) -> u32 {
+        let batch = desc.batch_size.max(0) as u32;
+        if !self.is_split() {
+            return batch;
+        }
         let page_size = desc.paged_kv.page_size.max(0) as u64;
         crate::chunking::max_items(
-            desc.batch_size.max(0) as u32,
+            batch,
             self.num_chunks(desc),
             num_indices as u64 * page_size,
             self.min_chunk,
@@ -603,6 +611,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             _ => (0, 0, None),
         };
         let heads_along_x = self.config.heads_along_x;
+        let num_indices = args.indices.shape[0].max(0) as u32;
         let p = DecodeParams {
             q,
             k_data: k,
@@ -620,7 +629,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             num_kv_heads: kv.num_kv_heads as u32,
             page_size: kv.page_size as u32,
             num_total_pages: kv.num_total_pages as u32,
-            num_indices: args.indices.shape[0] as u32,
+            num_indices,
             num_chunks: self.config.num_chunks(&self.desc),
             min_chunk: self.config.min_chunk,
             preferred_chunk: self.config.preferred_chunk,
@@ -632,14 +641,14 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             prefetch_ctas: if self.programmatic { self.config.wave_ctas } else { 0 },
         };
         let head_blocks = kv.num_kv_heads as u32 * self.config.head_blocks;
-        let chunks = self.config.launched_chunks(&self.desc, args.indices.shape[0].max(0) as usize);
+        let chunks = self.config.launched_chunks(&self.desc, num_indices as usize);
         let cfg = LaunchConfig {
-            // Split: head blocks along x (consecutive CTAs share a chunk) or along y (as the
-            // unsplit kernels, whose x runs over the requests).
-            grid_dim: match (self.config.is_split(), heads_along_x) {
-                (true, true) => (head_blocks, chunks, 1),
-                (true, false) => (chunks, head_blocks, 1),
-                (false, _) => (self.desc.batch_size as u32, head_blocks, 1),
+            // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
+            // otherwise x runs over the chunks (the requests, unsplit).
+            grid_dim: if self.config.is_split() && heads_along_x {
+                (head_blocks, chunks, 1)
+            } else {
+                (chunks, head_blocks, 1)
             },
             block_dim: (params::DECODE_THREADS, 1, 1),
             shared_mem_bytes: self.config.smem_bytes,

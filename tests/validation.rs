@@ -498,6 +498,11 @@ fn launched_chunks_follow_the_page_table_capacity() {
     assert_eq!(cfg.launched_chunks(&eight, 8 * 256), 32);
     // Eight 1-page requests: one item each, plus the bound's slack of 128 tokens / 64-token chunks.
     assert_eq!(cfg.launched_chunks(&eight, 8), 10);
+    // Unsplit: one CTA per request whatever the page table holds.
+    let wide = decode_desc(ElementKind::F16, 64, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&wide, &H200, usize::MAX).unwrap();
+    assert!(!cfg.is_split());
+    assert_eq!((cfg.launched_chunks(&wide, 1), cfg.launched_chunks(&wide, 1 << 20)), (64, 64));
 }
 
 /// Spare chunks on request (`PlanPreference::spare_chunks`): beyond a wave, chunks of a wave's
