@@ -370,7 +370,8 @@ pub struct BatchPagedDecodePlan<T: Element> {
     arch: ArchSku,
     decode_fn: CudaFunction,
     check_fn: CudaFunction,
-    /// Split-KV arrival counters (one per CTA of a split), reset by the kernel after each use.
+    /// Split-KV arrival counters (a ticket and a done count per (request, KV head, head block)),
+    /// reset by the kernel after each use.
     counters: Option<CudaSlice<u32>>,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
     programmatic: bool,
@@ -486,7 +487,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         let counters = if config.is_split() {
             let ctas =
                 desc.batch_size as usize * desc.paged_kv.num_kv_heads as usize * config.head_blocks as usize;
-            Some(stream.alloc_zeros::<u32>(ctas)?)
+            Some(stream.alloc_zeros::<u32>(2 * ctas)?)
         } else {
             None
         };

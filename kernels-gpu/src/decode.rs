@@ -23,7 +23,8 @@
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
 //!   columns between them; their partial (m, l, O) are combined through shared memory at the end.
 //! - A request split into several chunks has each CTA write a partial (O, lse) to the workspace,
-//!   and the last CTA of its (request, KV head, head block) to finish combines them
+//!   and the CTA of its (request, KV head, head block) that drew the last arrival ticket at the
+//!   end of its main loop combines them once the others have published theirs
 //!   ([`finish_split`]); a request in one chunk is written to `o` and `lse` directly. One launch
 //!   either way.
 //! - Programmatic dependent launch (sm_90 build): before `griddepcontrol.wait` a CTA reads only
@@ -296,6 +297,7 @@ pub unsafe fn decode_mma<
             sb += phases;
         }
     }
+    let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
     sync_threads();
 
@@ -363,7 +365,7 @@ pub unsafe fn decode_mma<
         e += DECODE_THREADS;
     }
     if SPLIT && chunk.chunks > 1 {
-        unsafe { finish_split::<T, D, VPL, MERGE_BATCH>(p, &chunk, first_qo_head, heads) };
+        unsafe { finish_split::<T, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
     }
 }
 
@@ -373,33 +375,59 @@ fn partial_row(p: &DecodeParams, item: u32, head: u32) -> usize {
     item as usize * p.num_qo_heads as usize + head as usize
 }
 
-/// Split-KV epilogue: after every CTA of a (request, KV head, head block) has written its
-/// partials, the last one to arrive (counted in `p.counters`, which it resets to 0 for the next
-/// launch) combines all chunks of the `heads` query heads from `first_head` (of the request).
-/// The chunks are combined in item order whichever CTA is last, so the result is deterministic.
+/// Arrival counters `[ticket, done]` of this CTA's (request, head block) in `p.counters`.
+#[inline(always)]
+fn arrival_counters(p: &DecodeParams, chunk: &Chunk) -> *mut u32 {
+    let (_, y, head_blocks) = cta_coords::<true>(p);
+    let slot = (chunk.request * head_blocks + y) as usize;
+    unsafe { (p.counters as *mut u32).add(2 * slot) }
+}
+
+/// Split-KV arrival, step 1, as soon as the CTA's main loop ends: thread 0 draws a ticket for
+/// its (request, head block); the CTA drawing `chunks - 1` will merge. The ticket orders nothing,
+/// so its round trip overlaps the epilogue instead of following the partial writes.
+#[inline(always)]
+unsafe fn draw_ticket(p: &DecodeParams, chunk: &Chunk) -> u32 {
+    if thread_idx() == 0 && chunk.chunks > 1 {
+        unsafe { atomic_add_relaxed_u32(arrival_counters(p, chunk), 1) }
+    } else {
+        0
+    }
+}
+
+/// Split-KV epilogue, after the CTA has written its partials: the other CTAs of a (request, KV
+/// head, head block) publish theirs by a release increment of `done`, and the one holding the
+/// last ticket waits until `done` counts them all, resets both counters to 0 for the next launch
+/// and combines all chunks of the `heads` query heads from `first_head` (of the request). The
+/// wait is short and cannot deadlock: every other ticket holder is past its main loop. The
+/// chunks are combined in item order whichever CTA merges, so the result is deterministic.
 #[inline(always)]
 unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATCH: usize>(
     p: &DecodeParams,
     chunk: &Chunk,
+    ticket: u32,
     first_head: u32,
     heads: u32,
 ) {
-    let (_, y, head_blocks) = cta_coords::<true>(p);
-    let counter = unsafe { (p.counters as *mut u32).add((chunk.request * head_blocks + y) as usize) };
+    let ticket_counter = arrival_counters(p, chunk);
+    let done = unsafe { ticket_counter.add(1) };
     // The barrier orders every thread's partial writes before thread 0's release, and the merge's
     // reads after its acquire (barriers synchronize with each other, and causality order is
     // transitive): no fence by every thread, as in CUTLASS's semaphore.
-    sync_threads();
-    let mut last = false;
-    if thread_idx() == 0 {
-        last = unsafe { atomic_add_acq_rel_u32(counter, 1) } == chunk.chunks - 1;
-    }
-    if !sync_threads_or(last) {
+    if !sync_threads_or(thread_idx() == 0 && ticket == chunk.chunks - 1) {
+        if thread_idx() == 0 {
+            unsafe { red_add_release_u32(done, 1) };
+        }
         return;
     }
     if thread_idx() == 0 {
-        unsafe { *counter = 0 };
+        while unsafe { ld_acquire_u32(done) } < chunk.chunks - 1 {}
+        unsafe {
+            *ticket_counter = 0;
+            *done = 0;
+        }
     }
+    sync_threads();
     let mut h = first_head + thread_idx() / 32;
     while h < first_head + heads {
         let row = (chunk.request * p.num_qo_heads + h) as usize;
@@ -503,7 +531,8 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
     }
     if SPLIT && chunk.chunks > 1 {
         // A small merge batch keeps the streaming loop's register count low.
-        unsafe { finish_split::<T, D, VPL, 4>(p, &chunk, kv_head * group, group) };
+        let ticket = unsafe { draw_ticket(p, &chunk) };
+        unsafe { finish_split::<T, D, VPL, 4>(p, &chunk, ticket, kv_head * group, group) };
     }
 }
 

@@ -261,15 +261,33 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// `atom.acq_rel.gpu.global.add.u32`, returning the old value.
+/// `atom.relaxed.gpu.global.add.u32`, returning the old value (no ordering: a ticket).
 #[inline(always)]
-pub unsafe fn atomic_add_acq_rel_u32(p: *mut u32, v: u32) -> u32 {
+pub unsafe fn atomic_add_relaxed_u32(p: *mut u32, v: u32) -> u32 {
     let old: u32;
     unsafe {
-        asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p, v = in(reg32) v,
+        asm!("atom.relaxed.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p, v = in(reg32) v,
              options(nostack))
     };
     old
+}
+
+/// `red.release.gpu.global.add.u32`: publishes the writes ordered before it, returns nothing.
+#[inline(always)]
+pub unsafe fn red_add_release_u32(p: *mut u32, v: u32) {
+    unsafe {
+        asm!("red.release.gpu.global.add.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack))
+    };
+}
+
+/// `ld.acquire.gpu.global.u32`.
+#[inline(always)]
+pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
+    let v: u32;
+    unsafe {
+        asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack))
+    };
+    v
 }
 
 /// Barrier that also returns whether `pred` held in any thread of the CTA.

@@ -26,8 +26,9 @@ pub struct DecodeParams {
     pub partial_o: u64,
     /// Split-KV partial log-sum-exps `[num_chunks, num_qo_heads]` f32 (workspace).
     pub partial_lse: u64,
-    /// Split-KV arrival counters, one u32 per (request, `blockIdx.y`) (`batch × gridDim.y`), zero
-    /// between launches (the last CTA of a request resets its counter).
+    /// Split-KV arrival counters, a `[ticket, done]` pair of u32 per (request, head block)
+    /// (`2 × batch × num_kv_heads × head_blocks`), zero between launches (the merging CTA resets
+    /// its pair).
     pub counters: u64,
     pub batch: u32,
     pub num_qo_heads: u32,
