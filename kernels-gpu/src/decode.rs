@@ -45,15 +45,27 @@ const STAGES: u32 = DECODE_STAGES;
 // One thread per tile row resolves page lookups.
 const _: () = assert!(DECODE_THREADS >= crate::params::decode_tile_tokens(64));
 
-/// Row index (in units of `head_dim` elements) of token `t` for KV head `h`; the page id is
-/// clamped into the store.
+/// Slot in `indices` of the page holding token `t` of chunk `c`'s request (clamped into the
+/// request's pages), and the token's position in that page.
+#[inline(always)]
+fn page_slot(p: &DecodeParams, c: &Chunk, t: u32) -> (u32, u32) {
+    let slot = if p.page_shift != u32::MAX { t >> p.page_shift } else { t / p.page_size };
+    (c.first_index + slot.min(c.num_pages - 1), t - slot * p.page_size)
+}
+
+/// Row index (in units of `head_dim` elements) of position `in_page` of page `page` for KV head
+/// `h`; the page id is clamped into the store.
+#[inline(always)]
+fn page_row(p: &DecodeParams, page: i32, h: u32, in_page: u32) -> u32 {
+    let page = (page.max(0) as u32).min(p.num_total_pages - 1);
+    (page * p.num_kv_heads + h) * p.page_size + in_page
+}
+
+/// Row index of token `t` of chunk `c`'s request for KV head `h`.
 #[inline(always)]
 unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32) -> u32 {
-    let slot = if p.page_shift != u32::MAX { t >> p.page_shift } else { t / p.page_size };
-    let idx = c.first_index + slot.min(c.num_pages - 1);
-    let page = unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) };
-    let page = (page.max(0) as u32).min(p.num_total_pages - 1);
-    (page * p.num_kv_heads + h) * p.page_size + (t - slot * p.page_size)
+    let (idx, in_page) = page_slot(p, c, t);
+    page_row(p, unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }, h, in_page)
 }
 
 /// Byte offset of 16-byte chunk `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
@@ -117,19 +129,27 @@ pub unsafe fn decode_mma<
     let c = tid % cpr;
     let first_row = tid / cpr;
     let row_step = DECODE_THREADS / cpr;
-    // Page lookups: thread `r < TILE` resolves row `r` of a tile one iteration before its copies
-    // are issued and parks it in a shared ring of `STAGES` tiles (`u32::MAX`: past the chunk).
+    // Page lookups: thread `r < TILE` loads the page id of row `r` of a tile one iteration before
+    // its copies are issued (the load's latency hides behind a tile of compute), then resolves
+    // it into a row of a shared ring of `STAGES` tiles (`u32::MAX`: past the chunk).
     let ring = kv_smem + STAGES * 2 * tile_bytes;
-    let lookup_row = |tile: u32| -> u32 {
-        let t = chunk.begin + tile * TILE + tid;
-        if tid < TILE && tile < n_tiles && t < chunk.end {
-            unsafe { token_row(p, &chunk, kv_head, t) }
+    let row_token = |tile: u32| chunk.begin + tile * TILE + tid;
+    let row_valid = |tile: u32| tid < TILE && tile < n_tiles && row_token(tile) < chunk.end;
+    let fetch_page = |tile: u32| -> i32 {
+        if row_valid(tile) {
+            let (idx, _) = page_slot(p, &chunk, row_token(tile));
+            unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
         } else {
-            u32::MAX
+            0
         }
     };
-    let park = |tile: u32, row: u32| {
+    let park = |tile: u32, page: i32| {
         if tid < TILE {
+            let row = if row_valid(tile) {
+                page_row(p, page, kv_head, page_slot(p, &chunk, row_token(tile)).1)
+            } else {
+                u32::MAX
+            };
             unsafe { st_shared_u32(ring + ((tile % STAGES) * TILE + tid) * 4, row) };
         }
     };
@@ -151,9 +171,9 @@ pub unsafe fn decode_mma<
         }
     };
     for s in 0..STAGES - 1 {
-        park(s, lookup_row(s));
+        park(s, fetch_page(s));
     }
-    let mut pending_row = lookup_row(STAGES - 1);
+    let mut pending_page = fetch_page(STAGES - 1);
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
@@ -217,7 +237,7 @@ pub unsafe fn decode_mma<
 
     for tile in 0..n_tiles {
         let next = tile + STAGES - 1;
-        park(next, pending_row);
+        park(next, pending_page);
         // Tile `tile` has landed for every thread, every warp is done with tile - 1 (whose
         // stage the next copies overwrite), and the rows of tile `next` are parked.
         cp_async_wait_dyn(STAGES - 2);
@@ -226,7 +246,7 @@ pub unsafe fn decode_mma<
             issue(next);
         }
         cp_async_commit();
-        pending_row = lookup_row(next + 1);
+        pending_page = fetch_page(next + 1);
 
         let k_tile = kv_smem + (tile % STAGES) * 2 * tile_bytes;
         let v_tile = k_tile + tile_bytes;
@@ -234,14 +254,22 @@ pub unsafe fn decode_mma<
         let mut sb = phase;
         while active && sb < TILE / 16 && t0 + sb * 16 < chunk.end {
             let row0 = sb * 16;
-            // S = Q · Kᵀ for 16 tokens (two n-tiles of 8).
+            // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
+            // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
+            let mut s_odd = [[0f32; 4]; 2];
             for kk in 0..QK {
                 let qa = if Q_IN_REGS { q_regs[kk] } else { q_frag(kk as u32) };
                 let kr = row0 + (lane % 8) + 8 * (lane / 16);
                 let kb = unsafe { ldmatrix_x4(k_tile + swizzle::<D>(kr, 2 * kk as u32 + (lane / 8) % 2)) };
-                T::mma(&mut s[0], qa, kb[0], kb[1]);
-                T::mma(&mut s[1], qa, kb[2], kb[3]);
+                let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };
+                T::mma(&mut acc[0], qa, kb[0], kb[1]);
+                T::mma(&mut acc[1], qa, kb[2], kb[3]);
+            }
+            for nt in 0..2 {
+                for i in 0..4 {
+                    s[nt][i] += s_odd[nt][i];
+                }
             }
             // Scale, mask tokens past the chunk, online softmax (rows g and g + 8).
             let mut row_max = [f32::NEG_INFINITY; 2];
@@ -302,28 +330,31 @@ pub unsafe fn decode_mma<
     sync_threads();
 
     // Per-warp partials → shared (reusing the pipeline buffers): O[16][DW] f32 of the warp's own
-    // DW = D / d_parts columns, then m[16], l[16].
+    // DW = D / d_parts columns, rows padded to `pitch` words so that a warp's 8-byte stores take
+    // two wavefronts, then m[16], l[16]. Rows past the group are not stored (nor read).
     for r in 0..2 {
         l[r] += shfl_xor(l[r], 1);
         l[r] += shfl_xor(l[r], 2);
     }
     let dw = D / d_parts;
-    let part_bytes = 16 * dw * 4 + 2 * 16 * 4;
-    let part = unsafe { smem_ptr().add((kv_smem - q_smem) as usize) };
-    let my_part = unsafe { part.add((warp * part_bytes) as usize) } as *mut f32;
-    for n in 0..DN {
-        for i in 0..4 {
-            let row = g + 8 * (i as u32 / 2);
-            let col = n as u32 * 8 + 2 * t4 + (i as u32 & 1);
-            unsafe { *my_part.add((row * dw + col) as usize) = o[n][i] };
-        }
-    }
-    if t4 == 0 {
-        for r in 0..2 {
-            let row = g + 8 * r as u32;
-            unsafe {
-                *my_part.add((16 * dw + row) as usize) = m[r];
-                *my_part.add((16 * dw + 16 + row) as usize) = l[r];
+    let pitch = dw + 8;
+    let part_bytes = (16 * pitch + 2 * 16) * 4;
+    let stats = 16 * pitch * 4; // byte offset of m[16] (l[16] follows)
+    let my_part = kv_smem + warp * part_bytes;
+    for r in 0..2 {
+        let row = g + 8 * r as u32;
+        if mt * 16 + row < heads {
+            for n in 0..DN {
+                let col = n as u32 * 8 + 2 * t4;
+                unsafe {
+                    st_shared_v2_f32(my_part + (row * pitch + col) * 4, [o[n][2 * r], o[n][2 * r + 1]])
+                };
+            }
+            if t4 == 0 {
+                unsafe {
+                    st_shared_u32(my_part + stats + row * 4, m[r].to_bits());
+                    st_shared_u32(my_part + stats + (16 + row) * 4, l[r].to_bits());
+                }
             }
         }
     }
@@ -335,24 +366,23 @@ pub unsafe fn decode_mma<
     while e < heads * quads {
         let (row, d4) = (e / quads, e % quads);
         let (tile_idx, r) = (row / 16, row % 16);
-        let dp = d4 * 4 / (D / d_parts);
-        let warp_part = |ph: u32| {
-            let w = tile_idx + q_tiles * (ph + phases * dp);
-            unsafe { part.add((w * part_bytes) as usize) as *const f32 }
-        };
+        let dp = d4 * 4 / dw;
+        let warp_part = |ph: u32| kv_smem + (tile_idx + q_tiles * (ph + phases * dp)) * part_bytes;
+        let stat =
+            |ph: u32, k: u32| f32::from_bits(unsafe { ld_shared_u32(warp_part(ph) + stats + (k + r) * 4) });
         let mut m_all = f32::NEG_INFINITY;
         for ph in 0..phases {
-            m_all = fmax(m_all, unsafe { *warp_part(ph).add((16 * dw + r) as usize) });
+            m_all = fmax(m_all, stat(ph, 0));
         }
         let mut l_all = 0f32;
         let mut acc = [0f32; 4];
         if m_all != f32::NEG_INFINITY {
             for ph in 0..phases {
-                let wp = warp_part(ph);
-                let w = exp2(unsafe { *wp.add((16 * dw + r) as usize) } - m_all);
-                l_all += w * unsafe { *wp.add((16 * dw + 16 + r) as usize) };
+                let w = exp2(stat(ph, 0) - m_all);
+                l_all += w * stat(ph, 16);
+                let o4 = unsafe { ld_shared_v4_f32(warp_part(ph) + (r * pitch + d4 * 4 - dp * dw) * 4) };
                 for i in 0..4 {
-                    acc[i] += w * unsafe { *wp.add((r * dw + d4 * 4 - dp * dw + i as u32) as usize) };
+                    acc[i] += w * o4[i];
                 }
             }
         }
@@ -452,18 +482,12 @@ unsafe fn write_row_quad<T: Elem>(
     let col = (d4 * 4) as usize;
     unsafe {
         if let Some(slot) = partial {
-            let out = (p.partial_o as *mut f32).add(slot * head_dim as usize + col);
-            for i in 0..4 {
-                *out.add(i) = v[i];
-            }
+            f32::store4((p.partial_o as *mut f32).add(slot * head_dim as usize + col), v);
             if d4 == 0 {
                 *(p.partial_lse as *mut f32).add(slot) = lse;
             }
         } else {
-            let out = (p.o as *mut T).add(qo * head_dim as usize + col);
-            for i in 0..4 {
-                *out.add(i) = T::from_f32(v[i]);
-            }
+            T::store4((p.o as *mut T).add(qo * head_dim as usize + col), v);
             if d4 == 0 {
                 *(p.lse as *mut f32).add(qo) = lse;
             }
@@ -624,8 +648,15 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>
     }
     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
     let out = unsafe { (p.o as *mut T).add(row * D as usize + col) };
-    for i in 0..VPL {
-        unsafe { *out.add(i) = T::from_f32(acc[i] * inv) };
+    if VPL % 4 == 0 {
+        for j in 0..VPL / 4 {
+            let v = [acc[4 * j] * inv, acc[4 * j + 1] * inv, acc[4 * j + 2] * inv, acc[4 * j + 3] * inv];
+            unsafe { T::store4(out.add(4 * j), v) };
+        }
+    } else {
+        for i in 0..VPL {
+            unsafe { *out.add(i) = T::from_f32(acc[i] * inv) };
+        }
     }
     if lane == 0 {
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };

@@ -6,6 +6,19 @@ use core::arch::asm;
 pub trait Elem: Copy {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
+    /// Stores 4 consecutive values at global address `dst` (aligned to 4 elements) in one
+    /// instruction.
+    unsafe fn store4(dst: *mut Self, v: [f32; 4]);
+}
+
+/// `st.global.v2.b32` of the 16-bit elements `v`, packed in pairs.
+#[inline(always)]
+unsafe fn store4_16bit(dst: *mut u16, v: [u16; 4]) {
+    let (lo, hi) = (v[0] as u32 | (v[1] as u32) << 16, v[2] as u32 | (v[3] as u32) << 16);
+    unsafe {
+        asm!("st.global.v2.b32 [{p}], {{{a}, {b}}};", p = in(reg64) dst, a = in(reg32) lo, b = in(reg32) hi,
+             options(nostack))
+    };
 }
 
 /// IEEE half, as raw bits.
@@ -27,6 +40,10 @@ impl Elem for f32 {
     fn from_f32(v: f32) -> Self {
         v
     }
+    #[inline(always)]
+    unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
+        unsafe { crate::intrinsics::st_global_v4_f32(dst, v) };
+    }
 }
 
 impl Elem for F16 {
@@ -46,6 +63,10 @@ impl Elem for F16 {
         };
         F16(h)
     }
+    #[inline(always)]
+    unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
+        unsafe { store4_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
+    }
 }
 
 impl Elem for BF16 {
@@ -60,6 +81,10 @@ impl Elem for BF16 {
             asm!("cvt.rn.bf16.f32 {h}, {v};", h = out(reg16) h, v = in(reg32) v.to_bits(), options(pure, nomem, nostack))
         };
         BF16(h)
+    }
+    #[inline(always)]
+    unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
+        unsafe { store4_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
     }
 }
 

@@ -227,6 +227,25 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
 }
 
 #[inline(always)]
+pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
+    unsafe {
+        asm!("st.shared.v2.f32 [{p}], {{{a}, {b}}};", p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1],
+             options(nostack))
+    };
+}
+
+#[inline(always)]
+pub unsafe fn ld_shared_v4_f32(addr: u32) -> [f32; 4] {
+    let (a, b, c, d): (f32, f32, f32, f32);
+    unsafe {
+        asm!("ld.shared.v4.f32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) addr,
+             options(nostack))
+    };
+    [a, b, c, d]
+}
+
+#[inline(always)]
 pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     unsafe { asm!("st.shared.b32 [{p}], {v};", p = in(reg32) addr, v = in(reg32) v, options(nostack)) };
 }
@@ -328,6 +347,16 @@ pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
 #[inline(always)]
 pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
     unsafe { asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) };
+}
+
+/// 16-byte global store.
+#[inline(always)]
+pub unsafe fn st_global_v4_f32(p: *mut f32, v: [f32; 4]) {
+    unsafe {
+        asm!("st.global.v4.f32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+             options(nostack))
+    };
 }
 
 /// 16-byte load cached in L2 only (see [`ld_cg_f32`]).
