@@ -131,10 +131,11 @@ pub unsafe fn decode_mma<
     let row_step = DECODE_THREADS / cpr;
     // Page lookups: thread `r < TILE` loads the page id of row `r` of a tile one iteration before
     // its copies are issued (the load's latency hides behind a tile of compute), then resolves
-    // it into a row of a shared ring of `STAGES` tiles (`u32::MAX`: past the chunk).
+    // it into a row of a shared ring of `STAGES` tiles (row 0 past the chunk, never copied).
     let ring = kv_smem + STAGES * 2 * tile_bytes;
     let row_token = |tile: u32| chunk.begin + tile * TILE + tid;
     let row_valid = |tile: u32| tid < TILE && tile < n_tiles && row_token(tile) < chunk.end;
+    let rows_in = |tile: u32| (chunk.end - chunk.begin).saturating_sub(tile * TILE).min(TILE);
     let fetch_page = |tile: u32| -> i32 {
         if row_valid(tile) {
             let (idx, _) = page_slot(p, &chunk, row_token(tile));
@@ -148,25 +149,29 @@ pub unsafe fn decode_mma<
             let row = if row_valid(tile) {
                 page_row(p, page, kv_head, page_slot(p, &chunk, row_token(tile)).1)
             } else {
-                u32::MAX
+                0
             };
             unsafe { st_shared_u32(ring + ((tile % STAGES) * TILE + tid) * 4, row) };
         }
+    };
+    // Global addresses of this thread's 16-byte column `c` of K and V row `row`.
+    let (k_col, v_col) = (p.k_data + (c * 16) as u64, p.v_data + (c * 16) as u64);
+    let kv_addr = |row: u32| {
+        (mad_wide_u32(row, D * 2, k_col) as *const u8, mad_wide_u32(row, D * 2, v_col) as *const u8)
     };
     let issue = |tile: u32| {
         let k_dst = kv_smem + (tile % STAGES) * 2 * tile_bytes;
         let v_dst = k_dst + tile_bytes;
         let slot = ring + (tile % STAGES) * TILE * 4;
+        let valid_rows = rows_in(tile);
         for i in 0..rows_per_thread {
             let r = first_row + i * row_step;
-            let row = unsafe { ld_shared_u32(slot + r * 4) };
-            let valid = row != u32::MAX;
-            let off = if valid { row as usize * D as usize + (c * 8) as usize } else { 0 };
+            let (k, v) = kv_addr(unsafe { ld_shared_u32(slot + r * 4) });
             let dst = swizzle::<D>(r, c);
-            let n = if valid { 16 } else { 0 };
+            let n = if r < valid_rows { 16 } else { 0 };
             unsafe {
-                cp_async_16(k_dst + dst, (p.k_data as *const T).add(off) as *const u8, n);
-                cp_async_16(v_dst + dst, (p.v_data as *const T).add(off) as *const u8, n);
+                cp_async_16(k_dst + dst, k, n);
+                cp_async_16(v_dst + dst, v, n);
             }
         }
     };
@@ -181,13 +186,14 @@ pub unsafe fn decode_mma<
     if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
         for s in 0..STAGES - 1 {
             let slot = ring + (s % STAGES) * TILE * 4;
+            let valid_rows = rows_in(s);
             for i in 0..rows_per_thread {
-                let row = unsafe { ld_shared_u32(slot + (first_row + i * row_step) * 4) };
-                if s < n_tiles && row != u32::MAX {
-                    let off = row as usize * D as usize + (c * 8) as usize;
+                let r = first_row + i * row_step;
+                if r < valid_rows {
+                    let (k, v) = kv_addr(unsafe { ld_shared_u32(slot + r * 4) });
                     unsafe {
-                        prefetch_l2((p.k_data as *const T).add(off) as *const u8);
-                        prefetch_l2((p.v_data as *const T).add(off) as *const u8);
+                        prefetch_l2(k);
+                        prefetch_l2(v);
                     }
                 }
             }

@@ -349,6 +349,17 @@ pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
     unsafe { asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) };
 }
 
+/// `a · b + c` with a 64-bit product and addend (one `IMAD.WIDE.U32`).
+#[inline(always)]
+pub fn mad_wide_u32(a: u32, b: u32, c: u64) -> u64 {
+    let r: u64;
+    unsafe {
+        asm!("mad.wide.u32 {r}, {a}, {b}, {c};", r = out(reg64) r, a = in(reg32) a, b = in(reg32) b, c = in(reg64) c,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
 /// 16-byte global store.
 #[inline(always)]
 pub unsafe fn st_global_v4_f32(p: *mut f32, v: [f32; 4]) {
