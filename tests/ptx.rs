@@ -1,6 +1,6 @@
 //! The embedded PTX: every entry point is in both builds, only the sm_90 build uses
-//! `griddepcontrol`, and ptxas assembles each for its architecture with no spills and no stack
-//! frame.
+//! `griddepcontrol`, only the split entries carry the merge's ticket and release/acquire count,
+//! and ptxas assembles each for its architecture with no spills and no stack frame.
 
 use std::io::Write;
 
@@ -47,6 +47,37 @@ fn ptxas_reports_no_spills_and_no_stack() {
                 "{arch} {}: stack frame / spills",
                 r.entry
             );
+        }
+    }
+}
+
+/// The PTX text of each entry, from its `.entry` line to the next one.
+fn entry_bodies(ptx: &str) -> Vec<(&str, &str)> {
+    let starts: Vec<usize> = ptx.match_indices(".visible .entry ").map(|(i, _)| i).collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &s)| {
+            let body = &ptx[s..starts.get(k + 1).copied().unwrap_or(ptx.len())];
+            (ptx::entries(body)[0], body)
+        })
+        .collect()
+}
+
+#[test]
+fn split_entries_merge_through_a_ticket_and_a_release_acquire_count() {
+    const TICKET: &str = "atom.relaxed.gpu.global.add.u32";
+    const PUBLISH: &str = "red.release.gpu.global.add.u32";
+    const OBSERVE: &str = "ld.acquire.gpu.global.u32";
+    for text in [ptx::PTX, ptx::PTX_SM90] {
+        let bodies = entry_bodies(text);
+        assert_eq!(bodies.len(), ptx::EXPECTED_ENTRIES.len());
+        for (name, body) in bodies {
+            let split = name.contains("_split_");
+            for op in [TICKET, PUBLISH, OBSERVE] {
+                assert_eq!(body.contains(op), split, "{name}: `{op}` belongs to the split merge only");
+            }
+            assert!(!body.contains("fence."), "{name}: the merge orders its writes through barriers");
         }
     }
 }
