@@ -485,9 +485,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         };
         let arch = ptx::build_for(props.compute_capability);
         let counters = if config.is_split() {
-            let ctas =
-                desc.batch_size as usize * desc.paged_kv.num_kv_heads as usize * config.head_blocks as usize;
-            Some(stream.alloc_zeros::<u32>(2 * ctas)?)
+            let slots = desc.batch_size.max(0) as usize * config.ctas_per_item(desc) as usize;
+            Some(stream.alloc_zeros::<u32>(2 * slots)?)
         } else {
             None
         };

@@ -1,7 +1,7 @@
 //! Thin wrappers over PTX instructions that `core::arch::nvptx` lacks.
 //!
 //! Shared-memory addresses are 32-bit `.shared` window addresses (what `ldmatrix`,
-//! `cp.async` and `ld/st.shared` take); generic pointers come from [`smem_ptr`].
+//! `cp.async` and `ld/st.shared` take).
 
 use core::arch::asm;
 use core::arch::nvptx;
@@ -35,14 +35,6 @@ pub fn smem_base() -> u32 {
     let a: u32;
     unsafe { asm!("mov.u32 {a}, DYN_SMEM;", a = out(reg32) a, options(pure, nomem, nostack)) };
     a
-}
-
-/// Generic pointer to the dynamic shared memory.
-#[inline(always)]
-pub fn smem_ptr() -> *mut u8 {
-    let p: u64;
-    unsafe { asm!("cvta.shared.u64 {p}, DYN_SMEM;", p = out(reg64) p, options(pure, nomem, nostack)) };
-    p as *mut u8
 }
 
 #[inline(always)]
@@ -320,7 +312,8 @@ pub fn sync_threads_or(pred: bool) -> bool {
     r != 0
 }
 
-/// f32 load cached in L2 only (sees other CTAs' writes ordered by a fence).
+/// f32 load cached in L2 only (sees other CTAs' writes published by the split merge's release
+/// count).
 #[inline(always)]
 pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
     let v: u32;
