@@ -134,8 +134,8 @@ pub unsafe fn decode_mma<
     // it into a row of a shared ring of `STAGES` tiles (row 0 past the chunk, never copied).
     let ring = kv_smem + STAGES * 2 * tile_bytes;
     let row_token = |tile: u32| chunk.begin + tile * TILE + tid;
-    let row_valid = |tile: u32| tid < TILE && tile < n_tiles && row_token(tile) < chunk.end;
     let rows_in = |tile: u32| (chunk.end - chunk.begin).saturating_sub(tile * TILE).min(TILE);
+    let row_valid = |tile: u32| tid < rows_in(tile);
     let fetch_page = |tile: u32| -> i32 {
         if row_valid(tile) {
             let (idx, _) = page_slot(p, &chunk, row_token(tile));
