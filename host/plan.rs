@@ -153,10 +153,11 @@ pub struct DecodeConfig {
 impl DecodeConfig {
     /// Picks the kernel and the split count from the number of (request, KV head, head block)
     /// CTAs: half a wave or less, as many splits as one full wave holds (in whole merge batches
-    /// while 90 % of the wave stays busy); up to one poorly filled
-    /// wave, no split but spare chunks for long requests; a well-filled wave or more, no split;
-    /// otherwise enough splits that the last wave is at least 85 % busy. Capped by
-    /// [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
+    /// while 90 % of the wave stays busy); up to one poorly filled wave, no split but spare
+    /// chunks for long requests; one well-filled wave, no split; more than a wave, no split but
+    /// a wave's worth of spare chunks (equal lengths stay whole, a long request is cut to a
+    /// wave's share); otherwise enough splits that the last wave is at least 85 % busy. Capped
+    /// by [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
@@ -220,9 +221,16 @@ impl DecodeConfig {
             return Ok(Self { num_splits, ..probe });
         }
         if efficiency(base) >= WAVE_EFFICIENCY {
-            // A well-filled wave, or several: one chunk per request. (Spare chunks here would
-            // cut long requests to a wave's share, but the split kernel's per-CTA partition
-            // measured 2–12 % slower on equal lengths; `PlanPreference::spare_chunks` opts in.)
+            // A well-filled wave, or several: one chunk per request at equal lengths. Past one
+            // wave, a wave's worth of spare chunks lets a long request be cut to a wave's share
+            // (`total / wave_items` tokens), which then exceeds the average length, so equal
+            // lengths stay whole; within one wave it would split them.
+            if base > wave {
+                let with_spare = probe.with_spare(desc, probe.wave_items(desc));
+                if with_spare.fits(desc, max_workspace_bytes) {
+                    return Ok(with_spare);
+                }
+            }
             return Ok(probe);
         }
         if base <= wave {

@@ -469,14 +469,28 @@ fn decode_layout_at_batch_i32_max_does_not_panic() {
 
 // ---- launch configuration ----
 
+/// Batches of more than a wave are not split, but get a wave's worth of spare chunks (equal
+/// lengths stay whole; a long request is cut to a wave's share); none without the workspace.
 #[test]
-fn large_batch_needs_no_split() {
+fn large_batch_is_not_split_but_gets_spare_chunks_past_a_wave() {
     for element in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
         for d in [64, 128, 256] {
             let desc = decode_desc(element, 256, 64, 8, d);
             let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-            assert!(!cfg.is_split(), "{element:?} d {d}: {cfg:?}");
-            assert_eq!(cfg.workspace_size(&desc), 0);
+            assert_eq!(cfg.num_splits, 1, "{element:?} d {d}: {cfg:?}");
+            let ctas_per_item = 8 * cfg.head_blocks;
+            if 256 * ctas_per_item > cfg.wave_ctas {
+                let wave_items = cfg.wave_ctas / ctas_per_item;
+                assert_eq!(
+                    (cfg.spare_chunks, cfg.balance_items, cfg.heads_along_x),
+                    (wave_items, wave_items, true),
+                    "{element:?} d {d}: {cfg:?}"
+                );
+            } else {
+                assert!(!cfg.is_split(), "{element:?} d {d}: {cfg:?}");
+            }
+            let tight = DecodeConfig::choose(&desc, &H200, 0).unwrap();
+            assert!(!tight.is_split() && tight.workspace_size(&desc) == 0, "{element:?} d {d}: {tight:?}");
         }
     }
 }
@@ -498,11 +512,15 @@ fn launched_chunks_follow_the_page_table_capacity() {
     assert_eq!(cfg.launched_chunks(&eight, 8 * 256), 32);
     // Eight 1-page requests: one item each, plus the bound's slack of 128 tokens / 64-token chunks.
     assert_eq!(cfg.launched_chunks(&eight, 8), 10);
-    // Unsplit: one CTA per request whatever the page table holds.
+    // Unsplit (one well-filled wave): one CTA per request whatever the page table holds.
+    let wave = decode_desc(ElementKind::F16, 32, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&wave, &H200, usize::MAX).unwrap();
+    assert!(!cfg.is_split());
+    assert_eq!((cfg.launched_chunks(&wave, 1), cfg.launched_chunks(&wave, 1 << 20)), (32, 32));
+    // Past a wave, the spare chunks launch only when the page table holds a wave's share more.
     let wide = decode_desc(ElementKind::F16, 64, 32, 8, 128);
     let cfg = DecodeConfig::choose(&wide, &H200, usize::MAX).unwrap();
-    assert!(!cfg.is_split());
-    assert_eq!((cfg.launched_chunks(&wide, 1), cfg.launched_chunks(&wide, 1 << 20)), (64, 64));
+    assert_eq!((cfg.launched_chunks(&wide, 1), cfg.launched_chunks(&wide, 1 << 20)), (64, 97));
 }
 
 /// Spare chunks on request (`PlanPreference::spare_chunks`): beyond a wave, chunks of a wave's

@@ -119,9 +119,11 @@ pub const fn decode_heads_per_cta(head_dim: u32) -> u32 {
 pub const fn decode_d_parts(head_dim: u32) -> u32 {
     if head_dim > 128 { 2 } else { 1 }
 }
-/// Largest batch whose page-table entries the split kernels' partition keeps in registers (8 per
-/// lane), reading the page table once; larger batches re-read it on every pass.
-pub const PARTITION_CACHED_BATCH: u32 = 256;
+/// Largest batch whose page-table entries the split kernels' partition keeps in registers (one
+/// per lane), reading the page table once; larger batches re-read it (from L1) on every pass.
+/// The partition runs at every CTA's start, so its code size is what counts: unrolled for 8
+/// entries per lane, its instruction-cache misses cost ~2 µs per CTA start.
+pub const PARTITION_CACHED_BATCH: u32 = 32;
 /// Most chunks one request is split into (the merge combines up to 64 partials per row).
 pub const MAX_CHUNKS_PER_REQUEST: u32 = 64;
 /// Partial rows each lane of the tensor-core kernels' split merge keeps in flight: one L2 round
