@@ -199,9 +199,9 @@ pub struct PlanPreference {
     /// `batch × num_splits` chunks by the actual lengths. For tuning and benchmarks.
     pub num_splits: Option<u32>,
     /// Spare chunks (beyond `batch × num_splits`, taken only by requests longer than a wave's
-    /// share) instead of the plan's rule; applied after `num_splits`. The rule gives none to a
-    /// batch that fills a wave or more, where they cost a few percent at equal lengths; with
-    /// ragged batches of that size, some (e.g. 16–32) keep a long request from setting the time.
+    /// share) instead of the plan's rule; applied after `num_splits`. The rule gives a wave's
+    /// worth to batches of more than one wave, so that a long request does not set the time;
+    /// `Some(0)` saves their cost (up to a few percent) on batches known to be uniform.
     pub spare_chunks: Option<u32>,
 }
 

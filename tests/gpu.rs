@@ -273,11 +273,11 @@ fn decode_edge_cases() {
             },
         ),
     ];
-    // The plan's rule, except where a case opts into spare chunks.
+    // The plan's rule, except where a case sets the spare chunks.
     let mut cases: Vec<_> = cases.into_iter().map(|(name, spec)| (name, spec, None)).collect();
     cases.push((
-        // More than a wave of CTAs with (opt-in) spare chunks: the long requests are cut to a
-        // wave's share, the others stay whole.
+        // More than a wave of CTAs with 132 spare chunks: the long requests are cut to a wave's
+        // share, the others stay whole.
         "long requests among 250",
         ProblemSpec {
             lens: (0..250).map(|i| if i % 100 == 7 { 20000 } else { i % 50 }).collect(),
