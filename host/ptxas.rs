@@ -1,4 +1,4 @@
-//! Optional `ptxas` reports: registers, shared memory, stack frame and spills per entry.
+//! Optional `ptxas` reports: registers, shared memory, stack frame, spills and code size per entry.
 //! ptxas is not needed at run time (the driver JIT-compiles the PTX); it is a tool for reading
 //! what the PTX costs.
 
@@ -22,6 +22,9 @@ pub struct KernelReport {
     pub spill_store_bytes: u32,
     /// Spill loads, in bytes.
     pub spill_load_bytes: u32,
+    /// Machine code of the entry itself (its `.text.<entry>` section in the cubin), in bytes;
+    /// the subroutines it calls (e.g. 64-bit division) are not counted.
+    pub code_bytes: u32,
 }
 
 /// How to get ptxas when it is missing.
@@ -60,17 +63,50 @@ pub fn report(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<Kern
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join(format!("kernels-{arch}.ptx"));
     std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
+    let cubin = dir.join(format!("kernels-{arch}.cubin"));
     let out = Command::new(ptxas)
-        .args([&format!("-arch={arch}"), "-v", "-o", "/dev/null"])
+        .args([&format!("-arch={arch}"), "-v", "-o"])
+        .arg(&cubin)
         .arg(&src)
         .output()
-        .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+        .map_err(|e| format!("running {}: {e}", ptxas.display()));
+    let elf = std::fs::read(&cubin);
     let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
     let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(format!("ptxas failed for {arch}:\n{text}"));
     }
-    Ok(parse(&text, arch))
+    let sections = elf_sections(&elf.map_err(|e| format!("reading the cubin: {e}"))?)
+        .ok_or_else(|| format!("ptxas wrote a cubin for {arch} that is not a 64-bit ELF file"))?;
+    let mut reports = parse(&text, arch);
+    for r in &mut reports {
+        let name = format!(".text.{}", r.entry);
+        r.code_bytes = sections.iter().find(|(n, _)| *n == name).map_or(0, |&(_, size)| size as u32);
+    }
+    Ok(reports)
+}
+
+/// `(name, size)` of every section of a little-endian ELF64 file, or `None` if it is not one.
+fn elf_sections(elf: &[u8]) -> Option<Vec<(String, u64)>> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let (table, entry_size) = (usize::try_from(u64_at(0x28)?).ok()?, u16_at(0x3a)? as usize);
+    let (count, names) = (u16_at(0x3c)? as usize, u16_at(0x3e)? as usize);
+    let header = |i: usize| table.checked_add(i.checked_mul(entry_size)?);
+    let names_at = usize::try_from(u64_at(header(names)? + 24)?).ok()?;
+    (0..count)
+        .map(|i| {
+            let h = header(i)?;
+            let start = names_at.checked_add(u32_at(h)? as usize)?;
+            let name = elf.get(start..)?.split(|&b| b == 0).next()?;
+            Some((String::from_utf8_lossy(name).into_owned(), u64_at(h + 32)?))
+        })
+        .collect()
 }
 
 fn parse(text: &str, arch: &str) -> Vec<KernelReport> {
@@ -129,9 +165,42 @@ mod tests {
                 shared_bytes: 1024,
                 stack_frame_bytes: 16,
                 spill_store_bytes: 8,
-                spill_load_bytes: 4
+                spill_load_bytes: 4,
+                code_bytes: 0
             }
         );
         assert_eq!((r[1].registers, r[1].stack_frame_bytes, r[1].spill_store_bytes), (12, 0, 0));
+    }
+
+    /// A little-endian ELF64 image with a null section, `.shstrtab` and `.text.k1` of 4096 bytes.
+    fn tiny_elf() -> Vec<u8> {
+        let names = b"\0.shstrtab\0.text.k1\0";
+        let table = 64 + names.len();
+        let mut elf = vec![0u8; table + 3 * 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x28..0x30].copy_from_slice(&(table as u64).to_le_bytes());
+        elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        elf[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
+        elf[64..table].copy_from_slice(names);
+        let mut section = |i: usize, name: u32, offset: u64, size: u64| {
+            let h = table + i * 64;
+            elf[h..h + 4].copy_from_slice(&name.to_le_bytes());
+            elf[h + 24..h + 32].copy_from_slice(&offset.to_le_bytes());
+            elf[h + 32..h + 40].copy_from_slice(&size.to_le_bytes());
+        };
+        section(1, 1, 64, names.len() as u64);
+        section(2, 11, 0, 4096);
+        elf
+    }
+
+    #[test]
+    fn reads_section_sizes_from_an_elf_file() {
+        let sections = elf_sections(&tiny_elf()).unwrap();
+        assert_eq!(sections[1..], [(".shstrtab".to_string(), 20), (".text.k1".to_string(), 4096)]);
+        assert_eq!(elf_sections(b"not an ELF file"), None);
+        let mut truncated = tiny_elf();
+        truncated.truncate(100);
+        assert_eq!(elf_sections(&truncated), None);
     }
 }

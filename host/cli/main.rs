@@ -192,24 +192,26 @@ fn inspect(dump_ptx: bool, arch: &str) -> Result<(), Box<dyn std::error::Error>>
     println!("ptxas: {}", ptxas.display());
     let r80 = ptxas::report(&ptxas, ptx::for_compute_capability((8, 0)), "sm_80")?;
     let r90 = ptxas::report(&ptxas, ptx::for_compute_capability((9, 0)), "sm_90")?;
-    println!("{:<28} | {:^26} | {:^26}", "", "sm_80", "sm_90");
+    println!("{:<28} | {:^32} | {:^32}", "", "sm_80", "sm_90");
     println!(
-        "{:<28} | {:>5} {:>6} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>6}",
-        "entry", "regs", "smem", "stack", "spill", "regs", "smem", "stack", "spill"
+        "{:<28} | {:>5} {:>6} {:>6} {:>6} {:>5} | {:>5} {:>6} {:>6} {:>6} {:>5}",
+        "entry", "regs", "smem", "stack", "spill", "code", "regs", "smem", "stack", "spill", "code"
     );
     for e in &entries {
         let cols = |reports: &[ptxas::KernelReport]| {
             let r = reports.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
             format!(
-                "{:>5} {:>6} {:>6} {:>6}",
+                "{:>5} {:>6} {:>6} {:>6} {:>4}K",
                 r.registers,
                 r.shared_bytes,
                 r.stack_frame_bytes,
-                r.spill_store_bytes + r.spill_load_bytes
+                r.spill_store_bytes + r.spill_load_bytes,
+                r.code_bytes.div_ceil(1024)
             )
         };
         println!("{e:<28} | {} | {}", cols(&r80), cols(&r90));
     }
     println!("smem is static shared memory; the decode kernels' is dynamic (params::decode_smem_bytes)");
+    println!("code is the entry's machine code in KiB (without the subroutines it calls)");
     Ok(())
 }
