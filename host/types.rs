@@ -177,7 +177,9 @@ pub struct KernelSku {
 /// Caller's preferences for `select`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanPreference {
-    /// Largest workspace the caller can provide; plans needing more are refused.
+    /// Largest workspace the caller can provide. The rule only splits requests (or adds spare
+    /// chunks) while their partials fit, so 0 selects a plan that needs no workspace; an explicit
+    /// `num_splits` / `spare_chunks` needing more is refused.
     pub max_workspace_bytes: usize,
     /// Accept Hopper-specific kernels when running on sm_90.
     pub allow_sm90a: bool,
