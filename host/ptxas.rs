@@ -89,22 +89,22 @@ pub fn report(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<Kern
 
 /// `(name, size)` of every section of a little-endian ELF64 file, or `None` if it is not one.
 fn elf_sections(elf: &[u8]) -> Option<Vec<(String, u64)>> {
-    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o.checked_add(2)?)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o.checked_add(4)?)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o.checked_add(8)?)?.try_into().ok()?));
     if elf.get(..6)? != b"\x7fELF\x02\x01" {
         return None;
     }
     let (table, entry_size) = (usize::try_from(u64_at(0x28)?).ok()?, u16_at(0x3a)? as usize);
     let (count, names) = (u16_at(0x3c)? as usize, u16_at(0x3e)? as usize);
     let header = |i: usize| table.checked_add(i.checked_mul(entry_size)?);
-    let names_at = usize::try_from(u64_at(header(names)? + 24)?).ok()?;
+    let names_at = usize::try_from(u64_at(header(names)?.checked_add(24)?)?).ok()?;
     (0..count)
         .map(|i| {
             let h = header(i)?;
             let start = names_at.checked_add(u32_at(h)? as usize)?;
             let name = elf.get(start..)?.split(|&b| b == 0).next()?;
-            Some((String::from_utf8_lossy(name).into_owned(), u64_at(h + 32)?))
+            Some((String::from_utf8_lossy(name).into_owned(), u64_at(h.checked_add(32)?)?))
         })
         .collect()
 }
