@@ -156,6 +156,8 @@ pub unsafe fn decode_mma<
     };
     // Global addresses of this thread's 16-byte column `c` of K and V row `row`.
     let (k_col, v_col) = (p.k_data + (c * 16) as u64, p.v_data + (c * 16) as u64);
+    // K/V are read once per launch: their lines go first when L2 needs room.
+    let stream_policy = l2_evict_first_policy();
     let kv_addr = |row: u32| {
         (mad_wide_u32(row, D * 2, k_col) as *const u8, mad_wide_u32(row, D * 2, v_col) as *const u8)
     };
@@ -170,8 +172,8 @@ pub unsafe fn decode_mma<
             let dst = swizzle::<D>(r, c);
             let n = if r < valid_rows { 16 } else { 0 };
             unsafe {
-                cp_async_16(k_dst + dst, k, n);
-                cp_async_16(v_dst + dst, v, n);
+                cp_async_16(k_dst + dst, k, n, stream_policy);
+                cp_async_16(v_dst + dst, v, n, stream_policy);
             }
         }
     };
@@ -432,10 +434,11 @@ unsafe fn draw_ticket(p: &DecodeParams, chunk: &Chunk) -> u32 {
 }
 
 /// Split-KV epilogue, after the CTA has written its partials: the other CTAs of a (request, KV
-/// head, head block) publish theirs by a release increment of `done`, and the one holding the
-/// last ticket waits until `done` counts them all, resets both counters to 0 for the next launch
-/// and combines all chunks of the `heads` query heads from `first_head` (of the request). The
-/// wait is short and cannot deadlock: every other ticket holder is past its main loop. The
+/// head, head block) publish theirs by a release increment of `done`. In the one holding the
+/// last ticket, each warp waits until `done` counts them all (no CTA barrier between the poll
+/// and the merge) and combines all chunks of its share of the `heads` query heads from
+/// `first_head` (of the request); then the CTA resets both counters to 0 for the next launch.
+/// The wait is short and cannot deadlock: every other ticket holder is past its main loop. The
 /// chunks are combined in item order whichever CTA merges, so the result is deterministic.
 #[inline(always)]
 unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATCH: usize>(
@@ -456,20 +459,25 @@ unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATC
         }
         return;
     }
-    if thread_idx() == 0 {
+    // Each warp waits on its own, and merges its rows as soon as it sees every partial.
+    if thread_idx() % 32 == 0 {
         while unsafe { ld_acquire_u32(done) } < chunk.chunks - 1 {}
-        unsafe {
-            *ticket_counter = 0;
-            *done = 0;
-        }
     }
-    sync_threads();
+    sync_warp();
     let mut h = first_head + thread_idx() / 32;
     while h < first_head + heads {
         let row = (chunk.request * p.num_qo_heads + h) as usize;
         let first_partial = partial_row(p, chunk.first_item, h);
         unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, first_partial, chunk.chunks) };
         h += WARPS;
+    }
+    // Every warp is past its poll: the counters are free for the next launch.
+    sync_threads();
+    if thread_idx() == 0 {
+        unsafe {
+            *ticket_counter = 0;
+            *done = 0;
+        }
     }
 }
 

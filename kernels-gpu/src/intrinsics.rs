@@ -156,12 +156,26 @@ pub fn fmax(a: f32, b: f32) -> f32 {
     f32::from_bits(r)
 }
 
-/// 16-byte global → shared copy, bypassing L1; bytes past `src_bytes` (0 or 16) are zero-filled.
+/// L2 cache policy that marks the lines it tags for eviction first
+/// (`createpolicy.fractional.L2::evict_first`), for data read once.
 #[inline(always)]
-pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
+pub fn l2_evict_first_policy() -> u64 {
+    let policy: u64;
     unsafe {
-        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
-             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, options(nostack))
+        asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) policy,
+             options(nostack, nomem, pure))
+    };
+    policy
+}
+
+/// 16-byte global → shared copy, bypassing L1, under the L2 cache policy `policy`; bytes past
+/// `src_bytes` (0 or 16) are zero-filled.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32, policy: u64) {
+    unsafe {
+        asm!("cp.async.cg.shared.global.L2::cache_hint [{d}], [{s}], 16, {n}, {pol};",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, pol = in(reg64) policy,
+             options(nostack))
     };
 }
 #[inline(always)]
@@ -299,6 +313,13 @@ pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
         asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack))
     };
     v
+}
+
+/// `bar.warp.sync` over the full warp (orders memory between its lanes, as `bar.sync` does for
+/// the CTA).
+#[inline(always)]
+pub fn sync_warp() {
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
 }
 
 /// Barrier that also returns whether `pred` held in any thread of the CTA.
