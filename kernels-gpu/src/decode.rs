@@ -16,8 +16,8 @@
 //!   ([`crate::partition`]). Every K/V byte of the chunk is read from HBM once and shared by all
 //!   query heads of the block.
 //! - K/V tiles of 16 KB each (8192 / D tokens) stream global → shared through a 3-stage
-//!   `cp.async` pipeline; page ids of the next tile are resolved one iteration ahead, one thread
-//!   per row, into a shared ring.
+//!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
+//!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring.
 //!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
