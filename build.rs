@@ -9,6 +9,10 @@ use std::path::PathBuf;
 
 use ptx_builder::{PtxBuild, Toolchain};
 
+#[path = "kernels-gpu/src/params.rs"]
+#[allow(dead_code)]
+mod params;
+
 const TOOLCHAIN: &str = "nightly-2026-05-20";
 
 fn main() {
@@ -56,6 +60,7 @@ fn build_kernels(out_dir: &std::path::Path, arch: &str) -> String {
         target_dir,
         arch: arch.into(),
         ptx_isa: "ptx78".into(),
+        max_registers: vec![("decode_mma_lean_".into(), params::LEAN_MAX_REGISTERS)],
     };
     build.build(&toolchain).unwrap_or_else(|e| fail(&e.to_string()))
 }

@@ -20,6 +20,7 @@ fn main() {
         num_splits: None,
         spare_chunks: None,
         indices_slack: 0,
+        lean_max_avg_tokens: None,
     };
     if let Err(e) = run_cli(&opts) {
         eprintln!("error: {e}");

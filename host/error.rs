@@ -28,6 +28,17 @@ pub enum Error {
         /// Bytes the workspace provides.
         got: usize,
     },
+    /// The workspace holds the split state of a plan of another configuration.
+    #[error(
+        "workspace in use: it holds {bound} bytes of split state of another plan, this plan needs {requested}; \
+         use a workspace per plan configuration or zero it again with Workspace::zeroed"
+    )]
+    WorkspaceInUse {
+        /// Split-state bytes the workspace is bound to.
+        bound: usize,
+        /// Split-state bytes this plan uses.
+        requested: usize,
+    },
     /// The page table (indptr / indices / last_page_len) breaks its contract.
     #[error("invalid page table: {0}")]
     InvalidPageTable(String),

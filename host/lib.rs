@@ -19,6 +19,7 @@ pub mod problem;
 pub mod ptx;
 pub mod ptxas;
 pub mod reference;
+pub mod sweep;
 pub mod tensor;
 pub mod types;
 
@@ -35,7 +36,7 @@ mod chunking_tests;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use plan::{
-    BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, PagedKvAppendArgs,
+    BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, DecodePath, PagedKvAppendArgs,
     PagedKvAppendArgsLayout, PagedKvAppendPlan,
 };
 pub use tensor::{TensorLayout, TensorMut, TensorRef, Workspace};

@@ -4,9 +4,7 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
@@ -25,6 +23,9 @@ const PREFERRED_CHUNK_TILES: u32 = 4;
 const MAX_GRID_Y: u32 = 65535;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
 const WAVE_EFFICIENCY: f64 = 0.85;
+/// Default bound of [`PlanPreference::lean_max_avg_tokens`]: page tables holding at most this
+/// many tokens per request run the lean kernel when the batch fills more than a wave.
+pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
 
 unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
 unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
@@ -148,6 +149,66 @@ pub struct DecodeConfig {
     pub preferred_chunk: u32,
     /// CTAs resident at once on the device (SMs × CTAs per SM): one wave.
     pub wave_ctas: u32,
+    /// The lean kernel's launch (16-bit elements, head_dim 64 or 128), which `run` takes for
+    /// short requests ([`PlanPreference::lean_max_avg_tokens`]).
+    pub lean: Option<LeanLaunch>,
+}
+
+/// Which kernel `run` launches for a page table of a given size
+/// ([`BatchPagedDecodePlan::path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodePath {
+    /// The standard kernel, one CTA per request (and KV head, head block).
+    Whole,
+    /// The lean kernel, one CTA per request: short requests ([`DecodeConfig::lean`]).
+    Lean,
+    /// The split kernel, each CTA deriving the length-aware partition from the page table.
+    Split,
+    /// The schedule kernel computes the partition once, then the split kernel runs
+    /// ([`DecodeConfig::is_scheduled`]).
+    Scheduled,
+}
+
+impl DecodePath {
+    /// Short lowercase name (bench rows, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodePath::Whole => "whole",
+            DecodePath::Lean => "lean",
+            DecodePath::Split => "split",
+            DecodePath::Scheduled => "scheduled",
+        }
+    }
+}
+
+/// Launch shape of the lean tensor-core kernel ([`params::lean_tiling`]): whole requests, at
+/// most 32 query heads per CTA, four CTAs per SM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeanLaunch {
+    /// CTAs per (request, KV head) along the query heads of the group.
+    pub head_blocks: u32,
+    /// Dynamic shared memory per CTA.
+    pub smem_bytes: u32,
+}
+
+impl LeanLaunch {
+    /// The lean launch for `desc`, when the lean kernel covers its element type and head_dim
+    /// and the device has the shared memory.
+    fn for_descriptor(desc: &BatchPagedDecodeDescriptor, props: &DeviceProps) -> Option<Self> {
+        let kv = &desc.paged_kv;
+        let d = kv.head_dim as u32;
+        if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16) || !matches!(d, 64 | 128) {
+            return None;
+        }
+        let tiling = params::lean_tiling(d);
+        let group = (desc.num_qo_heads / kv.num_kv_heads.max(1)).max(0) as u32;
+        let q_tiles = group.min(tiling.heads_per_cta).div_ceil(16);
+        let smem_bytes = params::mma_smem_bytes(tiling, d, q_tiles);
+        let head_blocks = group.div_ceil(tiling.heads_per_cta);
+        let grid_y = kv.num_kv_heads.max(0) as u64 * head_blocks as u64;
+        (smem_bytes <= props.smem_per_block_optin && grid_y <= MAX_GRID_Y as u64)
+            .then_some(Self { head_blocks, smem_bytes })
+    }
 }
 
 impl DecodeConfig {
@@ -169,10 +230,11 @@ impl DecodeConfig {
         let (kernel, head_blocks, q_tiles, smem_bytes, ctas_per_sm) = match kv.element {
             ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, 16),
             _ => {
-                let per_cta = params::decode_heads_per_cta(d);
+                let tiling = params::standard_tiling(d);
+                let per_cta = tiling.heads_per_cta;
                 let head_blocks = group.div_ceil(per_cta);
                 let q_tiles = group.min(per_cta).div_ceil(16);
-                let smem = params::decode_smem_bytes(d, q_tiles);
+                let smem = params::mma_smem_bytes(tiling, d, q_tiles);
                 if smem > props.smem_per_block_optin {
                     return Err(Error::Unsupported(format!(
                         "head_dim {d} needs {smem} bytes of shared memory per block; the device allows {}",
@@ -186,7 +248,7 @@ impl DecodeConfig {
         let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
         let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
         let min_chunk = match kernel {
-            DecodeKernel::Mma => params::decode_tile_tokens(d),
+            DecodeKernel::Mma => params::standard_tiling(d).tile_tokens,
             DecodeKernel::Simt => 64,
         };
         let probe = Self {
@@ -201,6 +263,7 @@ impl DecodeConfig {
             min_chunk,
             preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
             wave_ctas: wave.min(u32::MAX as u64) as u32,
+            lean: LeanLaunch::for_descriptor(desc, props),
         };
         let base = desc.batch_size.max(0) as u64 * probe.ctas_per_item(desc); // CTAs, unsplit
         let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
@@ -353,20 +416,62 @@ impl DecodeConfig {
         self.num_splits > 1 || self.spare_chunks > 0
     }
 
-    /// Workspace bytes: partial outputs and log-sum-exps of every chunk.
+    /// Whether the split partition is computed once per launch by the schedule kernel (batches
+    /// of more than [`params::PARTITION_CACHED_BATCH`] requests, whose page table every CTA
+    /// would otherwise read whole) rather than by every CTA.
+    pub fn is_scheduled(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
+        self.is_split() && desc.batch_size > params::PARTITION_CACHED_BATCH as i32
+    }
+
+    /// Workspace bytes: the split state, partial outputs and log-sum-exps of every chunk, and
+    /// the item map of a scheduled partition.
     pub fn workspace_size(&self, desc: &BatchPagedDecodeDescriptor) -> usize {
         if !self.is_split() {
             return 0;
         }
-        let (o, rows) = partial_sizes(desc, self.num_chunks(desc));
-        o + rows * 4
+        self.workspace_layout(desc).total
+    }
+
+    fn workspace_layout(&self, desc: &BatchPagedDecodeDescriptor) -> WorkspaceLayout {
+        let chunks = self.num_chunks(desc);
+        let state = (2 * desc.batch_size.max(0) as usize * self.ctas_per_item(desc) as usize * 4)
+            .next_multiple_of(256);
+        let rows = chunks as usize * desc.num_qo_heads.max(0) as usize;
+        let o_bytes = (rows * desc.paged_kv.head_dim.max(0) as usize * 4).next_multiple_of(256);
+        let partial_lse = state + o_bytes;
+        let lse_bytes = rows * 4;
+        if self.is_scheduled(desc) {
+            let item_map = partial_lse + lse_bytes.next_multiple_of(256);
+            let total = item_map + params::item_map_bytes(chunks);
+            WorkspaceLayout {
+                state_bytes: state,
+                partial_o: state,
+                partial_lse,
+                item_map: Some(item_map),
+                total,
+            }
+        } else {
+            WorkspaceLayout {
+                state_bytes: state,
+                partial_o: state,
+                partial_lse,
+                item_map: None,
+                total: partial_lse + lse_bytes,
+            }
+        }
     }
 }
 
-/// Bytes of the partial-O region (rounded to 256) and rows of partial lse.
-fn partial_sizes(desc: &BatchPagedDecodeDescriptor, chunks: u32) -> (usize, usize) {
-    let rows = chunks as usize * desc.num_qo_heads as usize;
-    ((rows * desc.paged_kv.head_dim as usize * 4).next_multiple_of(256), rows)
+/// Byte offsets of a splitting launch's regions in the workspace: the split state (arrival
+/// counters, a `[ticket, done]` pair per (request, KV head, head block)) first, then the
+/// partial outputs and log-sum-exps, then the item map of a scheduled partition.
+#[derive(Debug, Clone, Copy)]
+struct WorkspaceLayout {
+    state_bytes: usize,
+    partial_o: usize,
+    partial_lse: usize,
+    item_map: Option<usize>,
+    total: usize,
 }
 
 /// Batched decode over a paged K/V store.
@@ -377,10 +482,14 @@ pub struct BatchPagedDecodePlan<T: Element> {
     pref: PlanPreference,
     arch: ArchSku,
     decode_fn: CudaFunction,
+    /// Split configurations: the unsplit kernel, launched when the page table is too short for
+    /// any request to take more than one chunk.
+    whole_fn: Option<CudaFunction>,
+    /// Split configurations of large batches: the schedule kernel ([`DecodeConfig::is_scheduled`]).
+    schedule_fn: Option<CudaFunction>,
+    /// The lean kernel, for short requests ([`DecodeConfig::lean`]).
+    lean_fn: Option<CudaFunction>,
     check_fn: CudaFunction,
-    /// Split-KV arrival counters (a ticket and a done count per (request, KV head, head block)),
-    /// reset by the kernel after each use.
-    counters: Option<CudaSlice<u32>>,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
     programmatic: bool,
     _t: PhantomData<T>,
@@ -413,7 +522,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             return Err(invalid(format!("sm_scale must be finite, got {}", desc.sm_scale)));
         }
         let group = desc.num_qo_heads / kv.num_kv_heads;
-        let per_cta = params::decode_heads_per_cta(kv.head_dim as u32) as u64;
+        let per_cta = params::standard_tiling(kv.head_dim as u32).heads_per_cta as u64;
         let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(per_cta);
         if y > 65535 {
             return Err(Error::Unsupported(format!(
@@ -486,20 +595,33 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             ElementKind::BF16 => "bf16",
             _ => "f32",
         };
-        let split = if config.is_split() { "split_" } else { "" };
-        let decode_name = match config.kernel {
-            DecodeKernel::Mma => format!("decode_mma_{split}{suffix}_d{d}"),
-            DecodeKernel::Simt => format!("decode_simt_{split}{suffix}_d{d}"),
+        let kernel = match config.kernel {
+            DecodeKernel::Mma => "mma",
+            DecodeKernel::Simt => "simt",
         };
+        let whole_name = format!("decode_{kernel}_{suffix}_d{d}");
+        let split_name = format!("decode_{kernel}_split_{suffix}_d{d}");
         let arch = ptx::build_for(props.compute_capability);
-        let counters = if config.is_split() {
-            let slots = desc.batch_size.max(0) as usize * config.ctas_per_item(desc) as usize;
-            Some(stream.alloc_zeros::<u32>(2 * slots)?)
+        let (decode_name, whole_fn) = if config.is_split() {
+            (split_name, Some(device::function(ctx, &whole_name, config.smem_bytes)?))
+        } else {
+            (whole_name, None)
+        };
+        let schedule_fn = if config.is_scheduled(desc) {
+            Some(device::function(ctx, "schedule_chunks", params::SCHEDULE_SMEM_BYTES)?)
         } else {
             None
         };
+        let lean_fn = match config.lean {
+            Some(lean) if pref.lean_max_avg_tokens != Some(0) => {
+                Some(device::function(ctx, &format!("decode_mma_lean_{suffix}_d{d}"), lean.smem_bytes)?)
+            }
+            _ => None,
+        };
         Ok(Self {
-            counters,
+            whole_fn,
+            schedule_fn,
+            lean_fn,
             desc: *desc,
             config,
             pref,
@@ -570,9 +692,9 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     /// (graph-capturable), except with [`PlanPreference::checked`], which first validates the
     /// page table on the device and waits for the verdict.
     ///
-    /// When requests are split (`workspace_size() > 0`), the plan's split counters make runs of
-    /// one plan stream-ordered: do not run the same plan concurrently on two streams (select one
-    /// plan per stream instead).
+    /// When requests are split (`workspace_size() > 0`), the split state lives in the workspace
+    /// (see [`Workspace`]): the plan itself holds no device memory, so one plan may run on
+    /// several streams at once, each with its own workspace.
     ///
     /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
     /// the output is unspecified but every access stays inside the given tensors.
@@ -602,24 +724,26 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         for (name, ptr) in [("q", q), ("k_data", k), ("v_data", v), ("o", o)] {
             aligned(name, ptr, 16)?;
         }
-        let (counters, _c) = match &self.counters {
-            Some(c) => {
-                let (ptr, guard) = c.device_ptr(stream);
-                (ptr, Some(guard))
-            }
-            None => (0, None),
-        };
-        let (partial_o, partial_lse, _w) = match workspace {
-            Workspace::Borrowed(ws) if needed > 0 => {
+        let num_indices = args.indices.shape[0].max(0) as u32;
+        let path = self.path(num_indices as usize);
+        let lean = self.config.lean.filter(|_| path == DecodePath::Lean);
+        let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
+        let chunks = self.config.launched_chunks(&self.desc, num_indices as usize);
+        let layout = self.config.workspace_layout(&self.desc);
+        if split {
+            workspace.bind_split_state(layout.state_bytes)?;
+        }
+        let (ws_base, _w) = match workspace.bytes_mut() {
+            Some(ws) if split => {
                 let (base, guard) = ws.device_ptr_mut(stream);
                 aligned("workspace", base, 16)?;
-                let (o_bytes, _) = partial_sizes(&self.desc, self.config.num_chunks(&self.desc));
-                (base, base + o_bytes as u64, Some(guard))
+                (base, Some(guard))
             }
-            _ => (0, 0, None),
+            _ => (0, None),
         };
+        let at = |offset: usize| if split { ws_base + offset as u64 } else { 0 };
+        let scheduled = path == DecodePath::Scheduled;
         let heads_along_x = self.config.heads_along_x;
-        let num_indices = args.indices.shape[0].max(0) as u32;
         let p = DecodeParams {
             q,
             k_data: k,
@@ -629,42 +753,95 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             last_page_len: last,
             o,
             lse,
-            partial_o,
-            partial_lse,
-            counters,
+            partial_o: at(layout.partial_o),
+            partial_lse: at(layout.partial_lse),
+            counters: at(0),
+            item_map: match layout.item_map {
+                Some(offset) if scheduled => at(offset),
+                _ => 0,
+            },
             batch: self.desc.batch_size as u32,
             num_qo_heads: self.desc.num_qo_heads as u32,
             num_kv_heads: kv.num_kv_heads as u32,
             page_size: kv.page_size as u32,
             num_total_pages: kv.num_total_pages as u32,
             num_indices,
-            num_chunks: self.config.num_chunks(&self.desc),
+            num_chunks: if split { self.config.num_chunks(&self.desc) } else { self.desc.batch_size as u32 },
             min_chunk: self.config.min_chunk,
             preferred_chunk: self.config.preferred_chunk,
             balance_items: self.config.balance_items,
             heads_along_x: heads_along_x as u32,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
-            // Only CTAs of the first wave can start before the previous kernel ends.
-            prefetch_ctas: if self.programmatic { self.config.wave_ctas } else { 0 },
+            // Only CTAs of the first wave can start before the previous kernel ends, and a
+            // scheduled partition is known only after it.
+            prefetch_ctas: if self.programmatic && !scheduled { self.config.wave_ctas } else { 0 },
         };
-        let head_blocks = kv.num_kv_heads as u32 * self.config.head_blocks;
-        let chunks = self.config.launched_chunks(&self.desc, num_indices as usize);
+        let (head_blocks, smem_bytes) = match (lean, &self.lean_fn) {
+            (Some(l), Some(_)) => (l.head_blocks, l.smem_bytes),
+            _ => (self.config.head_blocks, self.config.smem_bytes),
+        };
+        let head_blocks = kv.num_kv_heads as u32 * head_blocks;
+        let chunks = if split { chunks } else { self.desc.batch_size as u32 };
         let cfg = LaunchConfig {
             // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
             // otherwise x runs over the chunks (the requests, unsplit).
-            grid_dim: if self.config.is_split() && heads_along_x {
+            grid_dim: if split && heads_along_x {
                 (head_blocks, chunks, 1)
             } else {
                 (chunks, head_blocks, 1)
             },
             block_dim: (params::DECODE_THREADS, 1, 1),
-            shared_mem_bytes: self.config.smem_bytes,
+            shared_mem_bytes: smem_bytes,
+        };
+        if let (true, Some(schedule)) = (scheduled, &self.schedule_fn) {
+            let one_cta = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (params::SCHEDULE_THREADS, 1, 1),
+                shared_mem_bytes: params::SCHEDULE_SMEM_BYTES,
+            };
+            // SAFETY: the schedule kernel reads the page table (clamped into its arrays, as the
+            // decode kernel does) and writes `item_map_bytes(num_chunks)` bytes at `item_map`,
+            // inside the workspace `workspace_size()` covers.
+            unsafe { device::launch(stream, schedule, one_cta, &p, self.programmatic)? };
+        }
+        let decode_fn = match (&self.lean_fn, &self.whole_fn) {
+            (Some(lean_fn), _) if lean.is_some() => lean_fn,
+            (_, Some(whole)) if !split => whole,
+            _ => &self.decode_fn,
         };
         // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
         // descriptor, and the workspace holds `workspace_size()` bytes; `programmatic` implies
         // the sm_90 PTX.
-        unsafe { device::launch(stream, &self.decode_fn, cfg, &p, self.programmatic) }
+        unsafe { device::launch(stream, decode_fn, cfg, &p, self.programmatic) }
+    }
+
+    /// The kernel `run` launches for a page table of `num_indices` slots (it reads only that
+    /// shape, never the lengths, so the choice holds across graph replays):
+    /// - lean, when the lean kernel is loaded, the table holds at most
+    ///   [`PlanPreference::lean_max_avg_tokens`] tokens per request, and the batch's lean CTAs
+    ///   fill more than one wave of the standard kernel's;
+    /// - whole, when the configuration does not split or the table is too short for any request
+    ///   to take two chunks (the same work without the partition, the workspace or the merge);
+    /// - scheduled or split otherwise ([`DecodeConfig::is_scheduled`]).
+    pub fn path(&self, num_indices: usize) -> DecodePath {
+        let desc = &self.desc;
+        let batch = desc.batch_size.max(0) as u64;
+        let tokens = num_indices as u64 * desc.paged_kv.page_size.max(0) as u64;
+        if let (Some(lean), Some(_)) = (self.config.lean, &self.lean_fn) {
+            let bound = self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS) as u64;
+            let ctas = batch * desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64;
+            if tokens <= bound * batch && ctas > self.config.wave_ctas as u64 {
+                return DecodePath::Lean;
+            }
+        }
+        if !self.config.is_split() || self.config.launched_chunks(desc, num_indices) as u64 <= batch {
+            DecodePath::Whole
+        } else if self.config.is_scheduled(desc) {
+            DecodePath::Scheduled
+        } else {
+            DecodePath::Split
+        }
     }
 
     /// Validates the device page table of `args` on the GPU without reading out of bounds,

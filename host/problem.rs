@@ -261,7 +261,7 @@ impl<T: Element> DeviceProblem<T> {
             o: TensorMut::new(self.o.slice_mut(..), [b, hq, d]),
             lse: TensorMut::new(self.lse.slice_mut(..), [b, hq]),
         };
-        (args, Workspace::Borrowed(self.workspace.slice_mut(..)))
+        (args, unsafe { Workspace::assume_zeroed(self.workspace.slice_mut(..)) })
     }
 
     /// Append arguments writing `key`/`value` into this problem's store.

@@ -51,6 +51,10 @@ pub const EXPECTED_ENTRIES: &[&str] = &[
     "decode_mma_split_bf16_d128",
     "decode_mma_bf16_d256",
     "decode_mma_split_bf16_d256",
+    "decode_mma_lean_f16_d64",
+    "decode_mma_lean_f16_d128",
+    "decode_mma_lean_bf16_d64",
+    "decode_mma_lean_bf16_d128",
     "decode_simt_f32_d64",
     "decode_simt_split_f32_d64",
     "decode_simt_f32_d128",
@@ -60,6 +64,7 @@ pub const EXPECTED_ENTRIES: &[&str] = &[
     "append_f16",
     "append_bf16",
     "append_f32",
+    "schedule_chunks",
     "check_page_table",
     "read_bandwidth",
 ];

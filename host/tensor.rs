@@ -1,6 +1,8 @@
 //! Lifetimed tensor views over device memory, and their data-free layouts.
 
-use cudarc::driver::{CudaView, CudaViewMut};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
 
 /// Shape and strides of a tensor plus the number of elements its storage holds.
 ///
@@ -116,26 +118,71 @@ fn is_contiguous<const N: usize>(shape: [i32; N], stride: [i64; N]) -> bool {
     stride == row_major_strides(shape) && stride.iter().all(|&s| s > 0)
 }
 
-/// Device memory a plan may use as scratch.
+/// Device memory a plan may use as scratch: the split-KV partials and the split state.
+///
+/// A decode plan that splits requests keeps its split state (arrival counters) at the start of
+/// the workspace. The counters must be zero before a plan's first launch, and every launch
+/// leaves them zero again, so a workspace is made zero once ([`Workspace::zeroed`]) and can
+/// then be reused by every launch, eager or replayed from a CUDA graph. The workspace remembers
+/// the size of the split state the first splitting plan used it with, and a plan with a
+/// different split state refuses it ([`crate::Error::WorkspaceInUse`]) rather than read another
+/// plan's partials as counters: give each configuration its own workspace, or zero it again.
 #[derive(Debug, Default)]
-pub enum Workspace<'a> {
-    /// No workspace: valid only when `workspace_size()` is 0.
-    #[default]
-    None,
-    /// Caller-owned bytes; the plan uses the first `workspace_size()` of them.
-    Borrowed(CudaViewMut<'a, u8>),
+pub struct Workspace<'a> {
+    bytes: Option<CudaViewMut<'a, u8>>,
+    /// Bytes of split state the workspace is bound to (set by the first splitting launch).
+    split_state_bytes: Option<usize>,
 }
 
-impl Workspace<'_> {
+impl<'a> Workspace<'a> {
+    /// No workspace: valid only for plans whose `workspace_size()` is 0.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Zeroes `bytes` on `stream` (stream-ordered, no synchronization) and returns them as a
+    /// workspace.
+    pub fn zeroed(stream: &Arc<CudaStream>, mut bytes: CudaViewMut<'a, u8>) -> crate::Result<Self> {
+        stream.memset_zeros(&mut bytes)?;
+        Ok(Self { bytes: Some(bytes), split_state_bytes: None })
+    }
+
+    /// `bytes` as a workspace, without zeroing them.
+    ///
+    /// # Safety
+    /// The bytes must be zero when the first launch that uses them runs (for example a fresh
+    /// `alloc_zeros` allocation, or memory last used as a workspace by plans with the same
+    /// configuration, whose launches all completed). Otherwise split requests may be merged
+    /// from partials that are not written yet, or never, and a launch may never finish.
+    pub unsafe fn assume_zeroed(bytes: CudaViewMut<'a, u8>) -> Self {
+        Self { bytes: Some(bytes), split_state_bytes: None }
+    }
+
     /// Bytes available.
     pub fn len(&self) -> usize {
-        match self {
-            Workspace::None => 0,
-            Workspace::Borrowed(v) => v.len(),
-        }
+        self.bytes.as_ref().map_or(0, |b| b.len())
     }
+
     /// True when no bytes are available.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Binds the workspace to a split state of `state_bytes` (the first splitting launch), or
+    /// checks that it is bound to that size.
+    pub(crate) fn bind_split_state(&mut self, state_bytes: usize) -> crate::Result<()> {
+        match self.split_state_bytes {
+            None => {
+                self.split_state_bytes = Some(state_bytes);
+                Ok(())
+            }
+            Some(bound) if bound == state_bytes => Ok(()),
+            Some(bound) => Err(crate::Error::WorkspaceInUse { bound, requested: state_bytes }),
+        }
+    }
+
+    /// The bytes, mutably.
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut CudaViewMut<'a, u8>> {
+        self.bytes.as_mut()
     }
 }

@@ -205,6 +205,11 @@ pub struct PlanPreference {
     /// worth to batches of more than one wave, so that a long request does not set the time;
     /// `Some(0)` saves their cost (up to a few percent) on batches known to be uniform.
     pub spare_chunks: Option<u32>,
+    /// Short requests: `run` launches the lean kernel (four CTAs per SM, whole requests) when the
+    /// page table holds at most this many tokens per request (`indices.len() × page_size /
+    /// batch`) and the batch fills more than a wave; `None` takes the plan's bound
+    /// ([`crate::plan::LEAN_MAX_AVG_TOKENS`]), `Some(0)` turns the lean kernel off. For tuning.
+    pub lean_max_avg_tokens: Option<u32>,
 }
 
 impl Default for PlanPreference {
@@ -217,6 +222,7 @@ impl Default for PlanPreference {
             programmatic_launch: true,
             num_splits: None,
             spare_chunks: None,
+            lean_max_avg_tokens: None,
         }
     }
 }

@@ -9,8 +9,8 @@ use paged_decode::plan::DecodeConfig;
 use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 use paged_decode::reference::DecodeOutput;
 use paged_decode::{
-    BatchPagedDecodePlan, Device, Element, ElementKind, Error, PagedKvAppendDescriptor, PagedKvAppendPlan,
-    PlanPreference, Workspace,
+    BatchPagedDecodePlan, DecodePath, Device, Element, ElementKind, Error, PagedKvAppendDescriptor,
+    PagedKvAppendPlan, PlanPreference, Workspace,
 };
 
 fn device(test: &str) -> Option<Device> {
@@ -139,12 +139,13 @@ fn run_and_check<T: Element>(
     host: &HostProblem<T>,
     r: &DecodeOutput,
     pref: PlanPreference,
-) -> (f64, DecodeConfig) {
+) -> (f64, DecodeConfig, DecodePath) {
     let plan = BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, pref)
         .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
     let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
     let (o, lse) = run_decode(dev, &plan, &mut buf);
-    (check(what, &host.spec, &o, &lse, r), *plan.config())
+    let path = plan.path(host.indices.len());
+    (check(&format!("{what} [{}]", path.name()), &host.spec, &o, &lse, r), *plan.config(), path)
 }
 
 /// ≥ 1000 random configurations over dtypes, head_dims, group sizes 1..64, page sizes 1..256,
@@ -159,8 +160,7 @@ fn decode_random_sweep() {
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
     let mut worst = [0f64; 3];
-    let mut split_runs = 0;
-    let mut unsplit_runs = 0;
+    let mut paths = std::collections::BTreeMap::new();
     std::thread::scope(|scope| {
         for w in 0..workers {
             let tx = tx.clone();
@@ -194,8 +194,11 @@ fn decode_random_sweep() {
                 1 => Some(1 + (spec.seed % 40) as u32),
                 _ => None,
             };
-            let pref = PlanPreference { spare_chunks, ..PlanPreference::default() };
-            let (err, cfg) = match &prepared {
+            // Large batches of short requests take the lean kernel by the rule; one configuration
+            // in four turns it off, so that they run the scheduled split kernels too.
+            let lean_max_avg_tokens = if i % 4 == 3 { Some(0) } else { None };
+            let pref = PlanPreference { spare_chunks, lean_max_avg_tokens, ..PlanPreference::default() };
+            let (err, _, path) = match &prepared {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, h, r, pref),
                 Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r, pref),
                 Prepared::F32(h, r) => run_and_check(&dev, &what, h, r, pref),
@@ -206,16 +209,16 @@ fn decode_random_sweep() {
                 _ => 2,
             };
             worst[k] = worst[k].max(err);
-            // Spare chunks select the split kernel too.
-            split_runs += cfg.is_split() as usize;
-            unsplit_runs += !cfg.is_split() as usize;
+            *paths.entry(path.name()).or_insert(0usize) += 1;
         }
     });
     println!(
-        "decode_random_sweep: {configs} configurations passed ({split_runs} split-KV, {unsplit_runs} unsplit); worst rel err f16 {:.2e}, bf16 {:.2e}, f32 {:.2e}",
+        "decode_random_sweep: {configs} configurations passed ({paths:?}); worst rel err f16 {:.2e}, bf16 {:.2e}, f32 {:.2e}",
         worst[0], worst[1], worst[2]
     );
-    assert!(split_runs > 0 && (configs < 100 || unsplit_runs > 0));
+    // A full sweep takes every kernel path.
+    let all = [DecodePath::Whole, DecodePath::Lean, DecodePath::Split, DecodePath::Scheduled];
+    assert!(configs < 200 || all.iter().all(|p| paths.contains_key(p.name())), "paths taken: {paths:?}");
 }
 
 /// Explicit edge cases: empty batch members, single tokens, full last pages, page sizes 1 and
@@ -272,6 +275,41 @@ fn decode_edge_cases() {
                 ..ProblemSpec::uniform(1, 0, 8, 1, 64, 16)
             },
         ),
+        (
+            // Short contexts at the largest batch: the lean kernel (f16, bf16), 65536 CTAs.
+            "batch 65536, short contexts",
+            ProblemSpec {
+                lens: (0..65536).map(|i| (i * 7) % 61).collect(),
+                ..ProblemSpec::uniform(1, 0, 4, 1, 128, 16)
+            },
+        ),
+        (
+            // A ragged batch of 16384 with a heavy tail (mean ~200 tokens): the page table holds
+            // too many tokens per request for the lean kernel, so the schedule kernel partitions
+            // it and the long requests are split.
+            "ragged batch 16384",
+            ProblemSpec {
+                lens: (0..16384usize)
+                    .map(|i| if i % 997 == 3 { 9000 + i % 1500 } else { (i * 13) % 300 })
+                    .collect(),
+                ..ProblemSpec::uniform(1, 0, 8, 2, 128, 16)
+            },
+        ),
+        (
+            // Lean kernel: two 16-row query tiles (group 32), and two head blocks (group 64).
+            "lean, group 32",
+            ProblemSpec {
+                lens: (0..600).map(|i| i % 130).collect(),
+                ..ProblemSpec::uniform(1, 0, 64, 2, 128, 16)
+            },
+        ),
+        (
+            "lean, group 64, d 64, page 1",
+            ProblemSpec {
+                lens: (0..700).map(|i| (i * 5) % 90).collect(),
+                ..ProblemSpec::uniform(1, 0, 64, 1, 64, 1)
+            },
+        ),
     ];
     // The plan's rule, except where a case sets the spare chunks.
     let mut cases: Vec<_> = cases.into_iter().map(|(name, spec)| (name, spec, None)).collect();
@@ -292,14 +330,16 @@ fn decode_edge_cases() {
         for kind in [ElementKind::F16, ElementKind::BF16, ElementKind::F32] {
             let what = format!("{name} {kind:?}");
             let pref = PlanPreference { spare_chunks: *spare_chunks, ..PlanPreference::default() };
-            let (err, cfg) = match prepare(kind, spec) {
+            let (err, cfg, path) = match prepare(kind, spec) {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, &h, &r, pref),
                 Prepared::BF16(h, r) => run_and_check(&dev, &what, &h, &r, pref),
                 Prepared::F32(h, r) => run_and_check(&dev, &what, &h, &r, pref),
             };
             println!(
-                "{what}: rel err {err:.2e}, {} splits + {} spare chunks",
-                cfg.num_splits, cfg.spare_chunks
+                "{what}: rel err {err:.2e}, {} path, {} splits + {} spare chunks",
+                path.name(),
+                cfg.num_splits,
+                cfg.spare_chunks
             );
         }
     }
@@ -457,7 +497,7 @@ fn append_matches_reference_and_touches_nothing_else() {
         let value_d = dev.stream.clone_htod(&value).unwrap();
         {
             let mut args = buf.append_args(&key_d, &value_d);
-            plan.run(&dev.stream, &mut Workspace::None, &mut args).unwrap();
+            plan.run(&dev.stream, &mut Workspace::none(), &mut args).unwrap();
         }
         let k = dev.stream.clone_dtoh(&buf.k_data).unwrap();
         let v = dev.stream.clone_dtoh(&buf.v_data).unwrap();
@@ -543,8 +583,91 @@ fn workspace_too_small_is_reported() {
     assert!(plan.workspace_size() > 0, "a single long request should be split");
     let mut buf = DeviceProblem::upload(&dev.stream, &host, 0).unwrap();
     let mut args = buf.args();
-    match plan.run(&dev.stream, &mut Workspace::None, &mut args) {
+    match plan.run(&dev.stream, &mut Workspace::none(), &mut args) {
         Err(Error::WorkspaceTooSmall { needed, got: 0 }) => assert_eq!(needed, plan.workspace_size()),
         other => panic!("expected WorkspaceTooSmall, got {other:?}"),
     }
+}
+
+/// The split state (arrival counters) lives in the caller's workspace, so neither dropping the
+/// plan nor running it on another stream can touch memory the plan owned: a graph replayed
+/// after its plan is dropped, and a first `run` on a stream other than `select`'s, give exact
+/// results; a workspace holding another configuration's split state is refused.
+#[test]
+fn split_state_lives_in_the_workspace() {
+    use cudarc::driver::CudaStream;
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use std::sync::Arc;
+    let Some(dev) = device("split_state_lives_in_the_workspace") else { return };
+    let spec = ProblemSpec { seed: 77, ..ProblemSpec::uniform(2, 3000, 32, 8, 128, 16) };
+    let host = HostProblem::<f16>::random(&spec);
+    let reference = host.reference().unwrap();
+    let select = |s: &Arc<CudaStream>, spare| {
+        let pref = PlanPreference { spare_chunks: spare, ..PlanPreference::default() };
+        BatchPagedDecodePlan::<f16>::select(s, &host.desc, pref).unwrap()
+    };
+    let plan = select(&dev.stream, None);
+    assert!(plan.config().is_split());
+    let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
+
+    // First run on another stream, right after `select` (which no longer writes anything).
+    let other = dev.ctx.new_stream().unwrap();
+    let mut ws_bytes = other.alloc_zeros::<u8>(plan.workspace_size()).unwrap();
+    {
+        let mut ws = Workspace::zeroed(&other, ws_bytes.slice_mut(..)).unwrap();
+        let mut args = buf.args();
+        plan.run(&other, &mut ws, &mut args).unwrap();
+        other.synchronize().unwrap();
+    }
+    let (o, lse) = (dev.stream.clone_dtoh(&buf.o).unwrap(), dev.stream.clone_dtoh(&buf.lse).unwrap());
+    check("first run on another stream", &spec, &o, &lse, &reference);
+
+    // A graph keeps working after the plan that recorded it is dropped.
+    dev.stream.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
+    let mut ws = Workspace::zeroed(&dev.stream, ws_bytes.slice_mut(..)).unwrap();
+    dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    for _ in 0..3 {
+        let mut args = buf.args();
+        plan.run(&dev.stream, &mut ws, &mut args).unwrap();
+    }
+    let graph = dev.stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
+    drop(plan);
+    // Whatever the allocator hands out next may reuse what the plan held: nothing, now.
+    let _fresh = dev.stream.alloc_zeros::<u32>(1 << 16).unwrap();
+    for _ in 0..5 {
+        graph.launch().unwrap();
+    }
+    let (o, lse) = (dev.stream.clone_dtoh(&buf.o).unwrap(), dev.stream.clone_dtoh(&buf.lse).unwrap());
+    check("graph replayed after its plan was dropped", &spec, &o, &lse, &reference);
+
+    // Plans of one batch and head count share the split state: a plan with more spare chunks
+    // (a larger partial region) runs on the same workspace. A plan of a larger batch has a
+    // larger split state: the bound workspace is refused until it is zeroed again.
+    let wider = select(&dev.stream, Some(200));
+    let mut big = dev.stream.alloc_zeros::<u8>(wider.workspace_size()).unwrap();
+    let mut ws = Workspace::zeroed(&dev.stream, big.slice_mut(..)).unwrap();
+    {
+        let mut args = buf.args();
+        select(&dev.stream, None).run(&dev.stream, &mut ws, &mut args).unwrap();
+        wider.run(&dev.stream, &mut ws, &mut args).unwrap();
+    }
+    let (o, lse) = (dev.stream.clone_dtoh(&buf.o).unwrap(), dev.stream.clone_dtoh(&buf.lse).unwrap());
+    check("two configurations of one split state", &spec, &o, &lse, &reference);
+    let one = HostProblem::<f16>::random(&ProblemSpec {
+        seed: 78,
+        ..ProblemSpec::uniform(40, 300, 32, 8, 128, 16)
+    });
+    let single =
+        BatchPagedDecodePlan::<f16>::select(&dev.stream, &one.desc, PlanPreference::default()).unwrap();
+    assert!(single.config().is_split() && single.workspace_size() <= ws.len());
+    let mut one_buf = DeviceProblem::upload(&dev.stream, &one, 0).unwrap();
+    let mut args = one_buf.args();
+    match single.run(&dev.stream, &mut ws, &mut args) {
+        Err(Error::WorkspaceInUse { .. }) => {}
+        other => panic!("expected WorkspaceInUse, got {other:?}"),
+    }
+    let mut ws = Workspace::zeroed(&dev.stream, big.slice_mut(..)).unwrap();
+    single.run(&dev.stream, &mut ws, &mut args).unwrap();
+    let (o, lse) = (dev.stream.clone_dtoh(&one_buf.o).unwrap(), dev.stream.clone_dtoh(&one_buf.lse).unwrap());
+    check("re-zeroed workspace, batch 40", &one.spec, &o, &lse, &one.reference().unwrap());
 }

@@ -41,13 +41,17 @@ pub struct PtxBuild {
     pub arch: String,
     /// PTX ISA feature passed to `llc`, e.g. `ptx78`.
     pub ptx_isa: String,
+    /// Register limits: entries whose name starts with the prefix get `.maxnreg N` (what
+    /// `__launch_bounds__` or `__maxnreg__` give a CUDA C kernel).
+    pub max_registers: Vec<(String, u32)>,
 }
 
 impl PtxBuild {
     /// Compiles the kernel crate and returns the PTX text.
     pub fn build(&self, toolchain: &Toolchain) -> Result<String> {
         let bitcode = self.compile_bitcode(toolchain)?;
-        link::link_to_ptx(toolchain, &bitcode, &self.target_dir, &self.arch, &self.ptx_isa)
+        let ptx = link::link_to_ptx(toolchain, &bitcode, &self.target_dir, &self.arch, &self.ptx_isa)?;
+        Ok(link::limit_registers(&ptx, &self.max_registers))
     }
 
     fn compile_bitcode(&self, toolchain: &Toolchain) -> Result<link::KernelBitcode> {

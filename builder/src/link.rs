@@ -107,3 +107,39 @@ fn kernel_entries(tc: &Toolchain, kernel_bc: &Path) -> Result<Vec<String>> {
         .map(String::from)
         .collect())
 }
+
+/// Adds `.maxnreg N` to every entry whose name starts with one of `limits`' prefixes: the
+/// directive goes between the entry's parameter list and its body.
+pub fn limit_registers(ptx: &str, limits: &[(String, u32)]) -> String {
+    let mut out = String::with_capacity(ptx.len() + 64 * limits.len());
+    let mut pending: Option<u32> = None;
+    for line in ptx.split_inclusive('\n') {
+        if let Some(name) = line
+            .trim_start()
+            .strip_prefix(".visible .entry ")
+            .or_else(|| line.trim_start().strip_prefix(".entry "))
+        {
+            pending = limits.iter().find(|(prefix, _)| name.starts_with(prefix.as_str())).map(|&(_, n)| n);
+        }
+        if let (Some(n), "{") = (pending, line.trim()) {
+            out.push_str(&format!(".maxnreg {n}\n"));
+            pending = None;
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::limit_registers;
+
+    #[test]
+    fn maxnreg_goes_between_the_parameters_and_the_body_of_matching_entries() {
+        let ptx = ".visible .entry lean_a(\n\t.param .u64 p\n)\n{\n\tret;\n}\n.visible .entry other(\n)\n{\n\tret;\n}\n";
+        let out = limit_registers(ptx, &[("lean_".into(), 128)]);
+        assert_eq!(out.matches(".maxnreg 128").count(), 1);
+        assert!(out.contains(")\n.maxnreg 128\n{\n\tret;"));
+        assert!(out.contains(".visible .entry other(\n)\n{"));
+    }
+}

@@ -37,13 +37,25 @@
 
 use crate::element::{Elem, MmaElem};
 use crate::intrinsics::*;
-use crate::params::{DECODE_STAGES, DECODE_THREADS, DecodeParams, decode_d_parts, decode_heads_per_cta};
+use crate::params::{DECODE_THREADS, DecodeParams, MmaTiling, lean_tiling, standard_tiling};
 use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
 
 const WARPS: u32 = DECODE_THREADS / 32;
-const STAGES: u32 = DECODE_STAGES;
-// One thread per tile row resolves page lookups.
-const _: () = assert!(DECODE_THREADS >= crate::params::decode_tile_tokens(64));
+
+/// A tiling of [`decode_mma`] as a type, so that its numbers are constants of each entry.
+pub trait Tiling {
+    const T: MmaTiling;
+}
+/// [`standard_tiling`] for head_dim `D`.
+pub struct Standard<const D: u32>;
+impl<const D: u32> Tiling for Standard<D> {
+    const T: MmaTiling = standard_tiling(D);
+}
+/// [`lean_tiling`] for head_dim `D`.
+pub struct Lean<const D: u32>;
+impl<const D: u32> Tiling for Lean<D> {
+    const T: MmaTiling = lean_tiling(D);
+}
 
 /// Slot in `indices` of the page holding token `t` of chunk `c`'s request (clamped into the
 /// request's pages), and the token's position in that page.
@@ -76,8 +88,9 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 }
 
 /// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
-/// columns) per warp, `VPL` = D/32 (merge columns per lane), `TILE` tokens per pipeline stage,
-/// `Q_IN_REGS` keeps the query fragments in registers, `SPLIT` partitions the requests into
+/// columns) per warp, `VPL` = D/32 (merge columns per lane), `V` the tiling ([`MmaTiling`]: tokens
+/// per pipeline stage, stages, warps per 16-token block, heads per CTA, query fragments in
+/// registers), `SPLIT` partitions the requests into
 /// chunks (partials + merge) instead of one CTA per request; `MERGE_BATCH` partial rows per lane
 /// are in flight in the merge.
 #[inline(always)]
@@ -87,18 +100,20 @@ pub unsafe fn decode_mma<
     const QK: usize,
     const DN: usize,
     const VPL: usize,
-    const TILE: u32,
-    const Q_IN_REGS: bool,
+    V: Tiling,
     const SPLIT: bool,
     const MERGE_BATCH: usize,
 >(
     p: &DecodeParams,
 ) {
-    const { assert!(QK as u32 * 16 == D && DN as u32 * 8 * decode_d_parts(D) == D) };
-    const { assert!((TILE * D / 8) % DECODE_THREADS == 0) };
-    let rows_per_thread = TILE * D / 8 / DECODE_THREADS;
-    let heads_per_cta = decode_heads_per_cta(D);
-    let d_parts = decode_d_parts(D);
+    const { assert!(QK as u32 * 16 == D && DN as u32 * 8 * V::T.d_parts == D) };
+    const { assert!((V::T.tile_tokens * D / 8) % DECODE_THREADS == 0) };
+    // One thread per tile row resolves page lookups.
+    const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
+    let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+    let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
+    let heads_per_cta = V::T.heads_per_cta;
+    let d_parts = V::T.d_parts;
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
@@ -120,21 +135,21 @@ pub unsafe fn decode_mma<
     let cpr = D / 8; // 16-byte chunks per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
-    let tile_bytes = TILE * D * 2;
+    let tile_bytes = tile_tokens * D * 2;
     let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
     let Some(chunk) = chunk else { return };
     let b = chunk.request;
 
-    let n_tiles = (chunk.end - chunk.begin).div_ceil(TILE);
+    let n_tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
     let c = tid % cpr;
     let first_row = tid / cpr;
     let row_step = DECODE_THREADS / cpr;
-    // Page lookups: thread `r < TILE` loads the page id of row `r` of a tile one iteration before
+    // Page lookups: thread `r < tile_tokens` loads the page id of row `r` of a tile one iteration before
     // its copies are issued (the load's latency hides behind a tile of compute), then resolves
-    // it into a row of a shared ring of `STAGES` tiles (row 0 past the chunk, never copied).
-    let ring = kv_smem + STAGES * 2 * tile_bytes;
-    let row_token = |tile: u32| chunk.begin + tile * TILE + tid;
-    let rows_in = |tile: u32| (chunk.end - chunk.begin).saturating_sub(tile * TILE).min(TILE);
+    // it into a row of a shared ring of `stages` tiles (row 0 past the chunk, never copied).
+    let ring = kv_smem + stages * 2 * tile_bytes;
+    let row_token = |tile: u32| chunk.begin + tile * tile_tokens + tid;
+    let rows_in = |tile: u32| (chunk.end - chunk.begin).saturating_sub(tile * tile_tokens).min(tile_tokens);
     let row_valid = |tile: u32| tid < rows_in(tile);
     let fetch_page = |tile: u32| -> i32 {
         if row_valid(tile) {
@@ -145,13 +160,13 @@ pub unsafe fn decode_mma<
         }
     };
     let park = |tile: u32, page: i32| {
-        if tid < TILE {
+        if tid < tile_tokens {
             let row = if row_valid(tile) {
                 page_row(p, page, kv_head, page_slot(p, &chunk, row_token(tile)).1)
             } else {
                 0
             };
-            unsafe { st_shared_u32(ring + ((tile % STAGES) * TILE + tid) * 4, row) };
+            unsafe { st_shared_u32(ring + ((tile % stages) * tile_tokens + tid) * 4, row) };
         }
     };
     // Global addresses of this thread's 16-byte column `c` of K and V row `row`.
@@ -162,9 +177,9 @@ pub unsafe fn decode_mma<
         (mad_wide_u32(row, D * 2, k_col) as *const u8, mad_wide_u32(row, D * 2, v_col) as *const u8)
     };
     let issue = |tile: u32| {
-        let k_dst = kv_smem + (tile % STAGES) * 2 * tile_bytes;
+        let k_dst = kv_smem + (tile % stages) * 2 * tile_bytes;
         let v_dst = k_dst + tile_bytes;
-        let slot = ring + (tile % STAGES) * TILE * 4;
+        let slot = ring + (tile % stages) * tile_tokens * 4;
         let valid_rows = rows_in(tile);
         for i in 0..rows_per_thread {
             let r = first_row + i * row_step;
@@ -177,17 +192,17 @@ pub unsafe fn decode_mma<
             }
         }
     };
-    for s in 0..STAGES - 1 {
+    for s in 0..stages - 1 {
         park(s, fetch_page(s));
     }
-    let mut pending_page = fetch_page(STAGES - 1);
+    let mut pending_page = fetch_page(stages - 1);
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
     let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
     if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
-        for s in 0..STAGES - 1 {
-            let slot = ring + (s % STAGES) * TILE * 4;
+        for s in 0..stages - 1 {
+            let slot = ring + (s % stages) * tile_tokens * 4;
             let valid_rows = rows_in(s);
             for i in 0..rows_per_thread {
                 let r = first_row + i * row_step;
@@ -203,7 +218,7 @@ pub unsafe fn decode_mma<
     }
     grid_dependency_wait();
     allow_dependent_launch();
-    for s in 0..STAGES - 1 {
+    for s in 0..stages - 1 {
         if s < n_tiles {
             issue(s);
         }
@@ -231,7 +246,7 @@ pub unsafe fn decode_mma<
         unsafe { ldmatrix_x4(q_smem + swizzle::<D>(r, 2 * kk + lane / 16)) }
     };
     let mut q_regs = [[0u32; 4]; QK];
-    if Q_IN_REGS {
+    if V::T.q_in_regs {
         for kk in 0..QK {
             q_regs[kk] = q_frag(kk as u32);
         }
@@ -244,11 +259,11 @@ pub unsafe fn decode_mma<
     let col0 = d_part * DN as u32 * 8; // first output column of this warp
 
     for tile in 0..n_tiles {
-        let next = tile + STAGES - 1;
+        let next = tile + stages - 1;
         park(next, pending_page);
         // Tile `tile` has landed for every thread, every warp is done with tile - 1 (whose
         // stage the next copies overwrite), and the rows of tile `next` are parked.
-        cp_async_wait_dyn(STAGES - 2);
+        cp_async_wait_dyn(stages - 2);
         sync_threads();
         if next < n_tiles {
             issue(next);
@@ -256,18 +271,18 @@ pub unsafe fn decode_mma<
         cp_async_commit();
         pending_page = fetch_page(next + 1);
 
-        let k_tile = kv_smem + (tile % STAGES) * 2 * tile_bytes;
+        let k_tile = kv_smem + (tile % stages) * 2 * tile_bytes;
         let v_tile = k_tile + tile_bytes;
-        let t0 = chunk.begin + tile * TILE;
+        let t0 = chunk.begin + tile * tile_tokens;
         let mut sb = phase;
-        while active && sb < TILE / 16 && t0 + sb * 16 < chunk.end {
+        while active && sb < tile_tokens / 16 && t0 + sb * 16 < chunk.end {
             let row0 = sb * 16;
             // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
             // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
             let mut s_odd = [[0f32; 4]; 2];
             for kk in 0..QK {
-                let qa = if Q_IN_REGS { q_regs[kk] } else { q_frag(kk as u32) };
+                let qa = if V::T.q_in_regs { q_regs[kk] } else { q_frag(kk as u32) };
                 let kr = row0 + (lane % 8) + 8 * (lane / 16);
                 let kb = unsafe { ldmatrix_x4(k_tile + swizzle::<D>(kr, 2 * kk as u32 + (lane / 8) % 2)) };
                 let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };

@@ -251,6 +251,22 @@ pub unsafe fn ld_shared_v4_f32(addr: u32) -> [f32; 4] {
     [a, b, c, d]
 }
 
+/// `st.shared.u64`.
+#[inline(always)]
+pub unsafe fn st_shared_u64(addr: u32, v: u64) {
+    unsafe { asm!("st.shared.u64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v, options(nostack)) };
+}
+
+/// `ld.shared.u64`.
+#[inline(always)]
+pub unsafe fn ld_shared_u64(addr: u32) -> u64 {
+    let v: u64;
+    unsafe {
+        asm!("ld.shared.u64 {v}, [{a}];", v = out(reg64) v, a = in(reg32) addr, options(nostack, readonly))
+    };
+    v
+}
+
 #[inline(always)]
 pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     unsafe { asm!("st.shared.b32 [{p}], {v};", p = in(reg32) addr, v = in(reg32) v, options(nostack)) };
@@ -340,6 +356,16 @@ pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
     let v: u32;
     unsafe { asm!("ld.global.cg.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack)) };
     f32::from_bits(v)
+}
+
+/// `ld.global.cg.u32`: through L2, for data another grid wrote.
+#[inline(always)]
+pub unsafe fn ld_cg_u32(p: *const u32) -> u32 {
+    let v: u32;
+    unsafe {
+        asm!("ld.global.cg.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack, readonly))
+    };
+    v
 }
 
 #[inline(always)]

@@ -16,11 +16,11 @@ pub mod element;
 pub mod intrinsics;
 pub mod params;
 pub mod partition;
+pub mod schedule;
 
+use decode::{Lean, Standard, Tiling};
 use element::{BF16, F16};
-use params::{
-    AppendParams, DecodeParams, PageTableCheckParams, decode_d_parts, decode_merge_batch, decode_tile_tokens,
-};
+use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_merge_batch};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -28,7 +28,7 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 }
 
 macro_rules! decode_mma_entry {
-    ($name:ident, $t:ty, $d:literal, $q_in_regs:literal, $split:literal) => {
+    ($name:ident, $t:ty, $d:literal, $tiling:ident, $split:literal) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
@@ -36,10 +36,9 @@ macro_rules! decode_mma_entry {
                     $t,
                     $d,
                     { $d / 16 },
-                    { $d / 8 / decode_d_parts($d) as usize },
+                    { $d / 8 / $tiling::<$d>::T.d_parts as usize },
                     { $d / 32 },
-                    { decode_tile_tokens($d) },
-                    $q_in_regs,
+                    $tiling<$d>,
                     $split,
                     { decode_merge_batch($d) as usize },
                 >(&p)
@@ -47,18 +46,23 @@ macro_rules! decode_mma_entry {
         }
     };
 }
-decode_mma_entry!(decode_mma_f16_d64, F16, 64, true, false);
-decode_mma_entry!(decode_mma_split_f16_d64, F16, 64, true, true);
-decode_mma_entry!(decode_mma_f16_d128, F16, 128, true, false);
-decode_mma_entry!(decode_mma_split_f16_d128, F16, 128, true, true);
-decode_mma_entry!(decode_mma_f16_d256, F16, 256, false, false);
-decode_mma_entry!(decode_mma_split_f16_d256, F16, 256, false, true);
-decode_mma_entry!(decode_mma_bf16_d64, BF16, 64, true, false);
-decode_mma_entry!(decode_mma_split_bf16_d64, BF16, 64, true, true);
-decode_mma_entry!(decode_mma_bf16_d128, BF16, 128, true, false);
-decode_mma_entry!(decode_mma_split_bf16_d128, BF16, 128, true, true);
-decode_mma_entry!(decode_mma_bf16_d256, BF16, 256, false, false);
-decode_mma_entry!(decode_mma_split_bf16_d256, BF16, 256, false, true);
+decode_mma_entry!(decode_mma_f16_d64, F16, 64, Standard, false);
+decode_mma_entry!(decode_mma_split_f16_d64, F16, 64, Standard, true);
+decode_mma_entry!(decode_mma_f16_d128, F16, 128, Standard, false);
+decode_mma_entry!(decode_mma_split_f16_d128, F16, 128, Standard, true);
+decode_mma_entry!(decode_mma_f16_d256, F16, 256, Standard, false);
+decode_mma_entry!(decode_mma_split_f16_d256, F16, 256, Standard, true);
+decode_mma_entry!(decode_mma_bf16_d64, BF16, 64, Standard, false);
+decode_mma_entry!(decode_mma_split_bf16_d64, BF16, 64, Standard, true);
+decode_mma_entry!(decode_mma_bf16_d128, BF16, 128, Standard, false);
+decode_mma_entry!(decode_mma_split_bf16_d128, BF16, 128, Standard, true);
+decode_mma_entry!(decode_mma_bf16_d256, BF16, 256, Standard, false);
+decode_mma_entry!(decode_mma_split_bf16_d256, BF16, 256, Standard, true);
+// Lean tiling, unsplit: many short requests (see `params::lean_tiling`).
+decode_mma_entry!(decode_mma_lean_f16_d64, F16, 64, Lean, false);
+decode_mma_entry!(decode_mma_lean_f16_d128, F16, 128, Lean, false);
+decode_mma_entry!(decode_mma_lean_bf16_d64, BF16, 64, Lean, false);
+decode_mma_entry!(decode_mma_lean_bf16_d128, BF16, 128, Lean, false);
 
 macro_rules! decode_simt_entry {
     ($name:ident, $t:ty, $d:literal, $split:literal) => {
@@ -86,6 +90,11 @@ macro_rules! append_entry {
 append_entry!(append_f16, F16);
 append_entry!(append_bf16, BF16);
 append_entry!(append_f32, f32);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn schedule_chunks(p: DecodeParams) {
+    unsafe { schedule::schedule_chunks(&p) }
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn check_page_table(p: PageTableCheckParams) {

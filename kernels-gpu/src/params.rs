@@ -30,6 +30,9 @@ pub struct DecodeParams {
     /// (`2 × batch × num_kv_heads × head_blocks`), zero between launches (the merging CTA resets
     /// its pair).
     pub counters: u64,
+    /// Item map of the split partition (workspace), written by the schedule kernel before the
+    /// decode of a large batch (see `schedule`); 0: every CTA derives the partition itself.
+    pub item_map: u64,
     pub batch: u32,
     pub num_qo_heads: u32,
     pub num_kv_heads: u32,
@@ -110,20 +113,72 @@ pub mod check_code {
 
 /// Threads per CTA of the decode kernels.
 pub const DECODE_THREADS: u32 = 128;
-/// Query heads one tensor-core CTA covers: four 16-row MMA tiles, two for head_dim 256
-/// (whose warps split D in halves to keep the output accumulators in registers).
-pub const fn decode_heads_per_cta(head_dim: u32) -> u32 {
-    if head_dim > 128 { 32 } else { 64 }
+/// Tiling of the tensor-core decode kernel: what one CTA holds and how its warps share it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaTiling {
+    /// Tokens per pipeline stage.
+    pub tile_tokens: u32,
+    /// Pipeline depth (K/V tiles in shared memory).
+    pub stages: u32,
+    /// Warps sharing one 16-token block, each owning `head_dim / d_parts` output columns.
+    pub d_parts: u32,
+    /// Query heads one CTA covers (16-row MMA tiles of them).
+    pub heads_per_cta: u32,
+    /// Whether the query fragments stay in registers for the whole loop.
+    pub q_in_regs: bool,
 }
-/// Warps sharing one 16-token block, each owning `head_dim / parts` output columns.
-pub const fn decode_d_parts(head_dim: u32) -> u32 {
-    if head_dim > 128 { 2 } else { 1 }
+
+/// The standard tiling: 16 KB of K and 16 KB of V per stage whatever the head_dim, three stages,
+/// up to four 16-row query tiles (two for head_dim 256, whose warps split D in halves to keep
+/// the output accumulators in registers). Two CTAs per SM: made for long chunks.
+pub const fn standard_tiling(head_dim: u32) -> MmaTiling {
+    MmaTiling {
+        tile_tokens: 8192 / head_dim,
+        stages: 3,
+        d_parts: if head_dim > 128 { 2 } else { 1 },
+        heads_per_cta: if head_dim > 128 { 32 } else { 64 },
+        q_in_regs: head_dim <= 128,
+    }
+}
+
+/// The lean tiling (head_dim 64 and 128): 8 KB of K and of V per stage, at most two 16-row query
+/// tiles, warps splitting D for head_dim 128 and the query fragments re-read from shared
+/// memory, so that a CTA fits in 128 registers per thread and about 50 KB of shared memory:
+/// four CTAs per SM, whose start-up and epilogue overlap each other's copies (short requests).
+pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
+    MmaTiling {
+        tile_tokens: 4096 / head_dim,
+        stages: 3,
+        d_parts: if head_dim >= 128 { 2 } else { 1 },
+        heads_per_cta: 32,
+        q_in_regs: false,
+    }
+}
+
+/// Registers per thread the lean entries are limited to (ptxas `.maxnreg`): four CTAs per SM.
+pub const LEAN_MAX_REGISTERS: u32 = 128;
+
+/// Dynamic shared memory of the tensor-core kernel with `tiling` for `mma_tiles` 16-row query
+/// tiles: Q, the K/V stages, and the page rows of each stage.
+pub const fn mma_smem_bytes(tiling: MmaTiling, head_dim: u32, mma_tiles: u32) -> u32 {
+    let q = mma_tiles * 16 * head_dim * 2;
+    let kv = tiling.stages * 2 * tiling.tile_tokens * head_dim * 2;
+    let page_rows = tiling.stages * tiling.tile_tokens * 4;
+    q + kv + page_rows
 }
 /// Largest batch whose page-table entries the split kernels' partition keeps in registers (one
 /// per lane), reading the page table once; larger batches re-read it (from L1) on every pass.
 /// The partition runs at every CTA's start, so its code size is what counts: unrolled for 8
 /// entries per lane, its instruction-cache misses cost ~2 µs per CTA start.
 pub const PARTITION_CACHED_BATCH: u32 = 32;
+/// Threads of the schedule kernel's one CTA (see `schedule`).
+pub const SCHEDULE_THREADS: u32 = 1024;
+/// Dynamic shared memory of the schedule kernel: six reduction slots of one u64 per warp.
+pub const SCHEDULE_SMEM_BYTES: u32 = 6 * (SCHEDULE_THREADS / 32) * 8;
+/// Bytes of the item map for `num_chunks` items: a two-word header, then two words per item.
+pub const fn item_map_bytes(num_chunks: u32) -> usize {
+    8 + 8 * num_chunks as usize
+}
 /// Most chunks one request is split into (the merge combines up to 64 partials per row).
 pub const MAX_CHUNKS_PER_REQUEST: u32 = 64;
 /// Partial rows each lane of the tensor-core kernels' split merge keeps in flight: one L2 round
@@ -131,17 +186,4 @@ pub const MAX_CHUNKS_PER_REQUEST: u32 = 64;
 /// twice as wide).
 pub const fn decode_merge_batch(head_dim: u32) -> u32 {
     if head_dim > 128 { 8 } else { 16 }
-}
-/// Pipeline depth of the tensor-core kernel.
-pub const DECODE_STAGES: u32 = 3;
-/// Tokens per pipeline stage: 16 KB of K and 16 KB of V whatever the head_dim.
-pub const fn decode_tile_tokens(head_dim: u32) -> u32 {
-    8192 / head_dim
-}
-/// Dynamic shared memory of the tensor-core kernel for `mma_tiles` 16-row query tiles.
-pub const fn decode_smem_bytes(head_dim: u32, mma_tiles: u32) -> u32 {
-    let q = mma_tiles * 16 * head_dim * 2;
-    let kv = DECODE_STAGES * 2 * decode_tile_tokens(head_dim) * head_dim * 2;
-    let page_rows = DECODE_STAGES * decode_tile_tokens(head_dim) * 4;
-    q + kv + page_rows
 }

@@ -125,6 +125,11 @@ macro_rules! each_request {
 /// in every lane and warp).
 #[inline(always)]
 pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    if p.item_map != 0 {
+        // The schedule kernel wrote the map; it is visible once that grid is done.
+        grid_dependency_wait();
+        return unsafe { mapped_chunk(p, item) };
+    }
     if p.batch == 1 {
         return unsafe { single_request_chunk(p, item) };
     }
@@ -215,4 +220,26 @@ unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         return None;
     }
     Some(Chunk::of_item(0, (first_index, num_pages, len), 0, chunks, chunk, item))
+}
+
+/// The chunk of item `item` from the item map the schedule kernel wrote ([`crate::schedule`]),
+/// or `None` past the last item. The request is clamped into the batch; its chunk count follows
+/// from its length exactly as in the schedule kernel, so every CTA of a request agrees on it.
+#[inline(always)]
+pub unsafe fn mapped_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    let map = p.item_map as *const u32;
+    let (items, chunk) = unsafe { (ld_cg_u32(map), ld_cg_u32(map.add(1))) };
+    if item >= items.min(p.num_chunks) {
+        return None;
+    }
+    if chunk == 0 {
+        return (item < p.batch).then(|| unsafe { whole_request(p, item) });
+    }
+    let pair = unsafe { map.add(2 + 2 * item as usize) };
+    let request = unsafe { ld_cg_u32(pair) }.min(p.batch - 1);
+    let first_item = unsafe { ld_cg_u32(pair.add(1)) }.min(item);
+    let pages = unsafe { request_pages(p, request) };
+    // At most the items left: partial rows stay inside the workspace whatever the map holds.
+    let chunks = chunks_of(pages.2, chunk).min(items.min(p.num_chunks) - first_item);
+    Some(Chunk::of_item(request, pages, first_item, chunks, chunk, item))
 }

@@ -1,0 +1,173 @@
+//! The split partition of large batches, computed once per launch by one CTA.
+//!
+//! [`crate::partition`] lets every CTA derive the length-aware partition from the page table on
+//! its own: no extra launch, but each CTA reads the whole page table, so a launch costs
+//! `O(CTAs × batch)`. Past [`crate::params::PARTITION_CACHED_BATCH`] requests the host launches
+//! this kernel first instead: it computes the same partition (same bounds, same bisection, same
+//! chunk counts) and writes an item map to the workspace, from which each decode CTA reads its
+//! item in `O(1)` ([`crate::partition::mapped_chunk`]).
+//!
+//! Item map (u32 words): `[items, chunk]`, then one `(request, first item of the request)` pair
+//! per item. `chunk == 0` means item `x` is request `x` (no request is longer than the smallest
+//! chunk the partition could take), and no pairs are written; `items == 0` means the page table
+//! claims more tokens than its slots hold (a corrupt `indptr`), and every decode CTA exits.
+//!
+//! # Thread mapping
+//! One CTA of [`crate::params::SCHEDULE_THREADS`] threads; thread `t` owns the contiguous
+//! requests `[t·n, (t + 1)·n)`, `n = ceil(batch / threads)`, re-reading their page-table
+//! entries (from L1) on every pass. Passes: totals, at most `1 + BISECTION_STEPS` chunk-count
+//! sums, an exclusive scan of the item counts, then each thread writes its requests' pairs. Block
+//! reductions go through `32` words of dynamic shared memory per value.
+//!
+//! # Ordering
+//! The page table is read before `griddepcontrol.wait` (the preceding kernel must not write it,
+//! as for the decode kernel itself); the map is written after it, and the decode kernel reads it
+//! after its own wait, which returns only when this grid, and so the kernel before it, is done.
+
+use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
+use crate::intrinsics::*;
+use crate::params::{DecodeParams, SCHEDULE_THREADS};
+use crate::partition::request_pages;
+
+const WARPS: u32 = SCHEDULE_THREADS / 32;
+
+/// This thread's run of requests: `[first, first + count)`.
+#[inline(always)]
+fn my_requests(batch: u32) -> (u32, u32) {
+    let per = batch.div_ceil(SCHEDULE_THREADS);
+    let first = thread_idx().saturating_mul(per).min(batch);
+    (first, first.saturating_add(per).min(batch) - first)
+}
+
+/// Sum of `v` over the CTA (every thread gets it). Uses shared words `[0, 32)` of `slot`.
+#[inline(always)]
+fn block_sum_u64(v: u64, slot: u32) -> u64 {
+    let (lo, hi) = (v as u32, (v >> 32) as u32);
+    let mut acc = lo as u64 | ((hi as u64) << 32);
+    for m in [16, 8, 4, 2, 1] {
+        let l = shfl_xor_u32(acc as u32, m) as u64;
+        let h = shfl_xor_u32((acc >> 32) as u32, m) as u64;
+        acc += l | (h << 32);
+    }
+    let base = smem_base() + slot * WARPS * 8;
+    if thread_idx() % 32 == 0 {
+        unsafe { st_shared_u64(base + (thread_idx() / 32) * 8, acc) };
+    }
+    sync_threads();
+    let mut total = 0u64;
+    for w in 0..WARPS {
+        total += unsafe { ld_shared_u64(base + w * 8) };
+    }
+    total
+}
+
+/// Largest `v` over the CTA (every thread gets it). Uses shared slot `slot` as [`block_sum_u64`].
+#[inline(always)]
+fn block_max_u32(v: u32, slot: u32) -> u32 {
+    let mut acc = v;
+    for m in [16, 8, 4, 2, 1] {
+        acc = acc.max(shfl_xor_u32(acc, m));
+    }
+    let base = smem_base() + slot * WARPS * 8;
+    if thread_idx() % 32 == 0 {
+        unsafe { st_shared_u64(base + (thread_idx() / 32) * 8, acc as u64) };
+    }
+    sync_threads();
+    let mut most = 0u32;
+    for w in 0..WARPS {
+        most = most.max(unsafe { ld_shared_u64(base + w * 8) } as u32);
+    }
+    most
+}
+
+/// Sum of `v` over the threads before this one (exclusive scan). Uses shared slot `slot`.
+#[inline(always)]
+fn block_exclusive_scan_u32(v: u32, slot: u32) -> u32 {
+    let lane = thread_idx() % 32;
+    let mut inclusive = v;
+    for d in [1, 2, 4, 8, 16] {
+        let up = shfl_up_u32(inclusive, d);
+        if lane >= d {
+            inclusive += up;
+        }
+    }
+    let base = smem_base() + slot * WARPS * 8;
+    if lane == 31 {
+        unsafe { st_shared_u64(base + (thread_idx() / 32) * 8, inclusive as u64) };
+    }
+    sync_threads();
+    let mut before = inclusive - v;
+    for w in 0..thread_idx() / 32 {
+        before += unsafe { ld_shared_u64(base + w * 8) } as u32;
+    }
+    before
+}
+
+/// Writes the item map of the length-aware partition of `p`'s requests into `p.item_map`.
+#[inline(always)]
+pub unsafe fn schedule_chunks(p: &DecodeParams) {
+    allow_dependent_launch();
+    let (first, count) = my_requests(p.batch);
+    let len = |b: u32| unsafe { request_pages(p, b) }.2;
+    let mut total = 0u64;
+    let mut longest = 0u32;
+    for b in first..first + count {
+        let l = len(b);
+        total += l as u64;
+        longest = longest.max(l);
+    }
+    let total = block_sum_u64(total, 0);
+    let longest = block_max_u32(longest, 1);
+    let map = p.item_map as *mut u32;
+    let header = |items: u32, chunk: u32| {
+        if thread_idx() == 0 {
+            unsafe {
+                *map = items;
+                *map.add(1) = chunk;
+            }
+        }
+    };
+    let (lo, hi) =
+        chunk_bounds(total, longest, p.batch, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
+    // Written after the wait: the kernel before this one may still read the workspace.
+    if total > p.num_indices as u64 * p.page_size as u64 {
+        grid_dependency_wait();
+        header(0, 0);
+        return;
+    }
+    if longest <= lo {
+        grid_dependency_wait();
+        header(p.batch, 0);
+        return;
+    }
+    // Every pass ends in a barrier, so alternating slots 2 and 3 never overwrite a slot that a
+    // thread still reads.
+    let mut pass = 0u32;
+    let chunk = chunk_size(lo, hi, |c| {
+        let mut n = 0u64;
+        for b in first..first + count {
+            n += chunks_of(len(b), c) as u64;
+        }
+        pass += 1;
+        block_sum_u64(n, 2 + pass % 2) <= p.num_chunks as u64
+    });
+    let mut mine = 0u32;
+    for b in first..first + count {
+        mine += chunks_of(len(b), chunk);
+    }
+    let mut before = block_exclusive_scan_u32(mine, 4);
+    let items = block_sum_u64(mine as u64, 5) as u32;
+    grid_dependency_wait();
+    for b in first..first + count {
+        let n = chunks_of(len(b), chunk);
+        for i in 0..n {
+            unsafe {
+                let pair = map.add(2 + 2 * (before + i) as usize);
+                *pair = b;
+                *pair.add(1) = before;
+            }
+        }
+        before += n;
+    }
+    header(items, chunk);
+}
