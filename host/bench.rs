@@ -20,8 +20,9 @@ use crate::{BatchPagedDecodePlan, Device, Element, PlanPreference};
 pub struct Shape {
     /// Shape name, used as the row label.
     pub name: String,
-    /// Number of requests.
-    pub batch: usize,
+    /// Number of requests (may be left out when `lens` is given).
+    #[serde(default)]
+    pub batch: Option<usize>,
     /// K/V length of every request (used when `lens` is absent).
     #[serde(default)]
     pub kv_len: Option<usize>,
@@ -43,12 +44,18 @@ pub struct Shape {
 impl Shape {
     /// The problem sizes of this row (per-request lengths from `lens`, else `kv_len`, else 0).
     pub fn spec(&self) -> ProblemSpec {
+        let batch = self.batch();
         let lens = match (&self.lens, self.kv_len) {
             (Some(l), _) => l.clone(),
-            (None, Some(n)) => vec![n; self.batch],
-            (None, None) => vec![0; self.batch],
+            (None, Some(n)) => vec![n; batch],
+            (None, None) => vec![0; batch],
         };
-        ProblemSpec { lens, ..ProblemSpec::uniform(self.batch, 0, self.hq, self.hkv, self.d, self.page) }
+        ProblemSpec { lens, ..ProblemSpec::uniform(batch, 0, self.hq, self.hkv, self.d, self.page) }
+    }
+
+    /// Number of requests: `batch`, else the number of `lens`.
+    pub fn batch(&self) -> usize {
+        self.batch.or(self.lens.as_ref().map(Vec::len)).unwrap_or(0)
     }
 }
 
@@ -71,6 +78,9 @@ pub struct BenchRow {
     /// table cannot hold enough tokens to use them all).
     #[serde(default)]
     pub launched_chunks: u32,
+    /// The kernel path `run` took ([`crate::plan::DecodePath::name`]).
+    #[serde(default)]
+    pub path: String,
     /// Largest relative L2 error of the checked requests, when checking was on.
     pub max_rel_err: Option<f64>,
 }
@@ -92,6 +102,8 @@ pub struct BenchOptions {
     pub num_splits: Option<u32>,
     /// Spare chunks instead of the plan's rule ([`PlanPreference::spare_chunks`]).
     pub spare_chunks: Option<u32>,
+    /// Lean-kernel bound instead of the plan's ([`PlanPreference::lean_max_avg_tokens`]).
+    pub lean_max_avg_tokens: Option<u32>,
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
@@ -221,6 +233,7 @@ pub fn bench_shape<T: Element>(
         num_splits: plan.config().num_splits,
         num_chunks: plan.config().num_chunks(plan.descriptor()),
         launched_chunks: plan.config().launched_chunks(plan.descriptor(), host.indices.len()),
+        path: plan.path(host.indices.len()).name().into(),
         max_rel_err,
     })
 }
@@ -241,12 +254,13 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         programmatic_launch: opts.programmatic_launch,
         num_splits: opts.num_splits,
         spare_chunks: opts.spare_chunks,
+        lean_max_avg_tokens: opts.lean_max_avg_tokens,
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
     println!(
-        "{:<28} {:>10} {:>8} {:>8} {:>7} {:>9} {:>10}",
-        "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "rel err"
+        "{:<28} {:>10} {:>8} {:>8} {:>7} {:>11} {:>9} {:>10}",
+        "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "path", "rel err"
     );
     let mut rows = Vec::new();
     for shape in &shapes {
@@ -257,13 +271,14 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
             other => return Err(format!("{}: unknown dtype {other}", shape.name).into()),
         };
         println!(
-            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>9} {:>10}",
+            "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>11} {:>9} {:>10}",
             row.name,
             row.us,
             row.tb_s,
             row.pct_of_ceiling,
             row.num_splits,
             format!("{}/{}", row.launched_chunks, row.num_chunks),
+            row.path,
             row.max_rel_err.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "-".into())
         );
         rows.push(row);
@@ -287,19 +302,18 @@ pub fn replot(
     let rows: Vec<BenchRow> = serde_json::from_str(&std::fs::read_to_string(json)?)?;
     let ceiling = match ceiling {
         Some(c) => c,
-        None => {
-            let mut c: Vec<f64> = rows
-                .iter()
-                .filter(|r| r.pct_of_ceiling > 0.0)
-                .map(|r| 100.0 * r.tb_s / r.pct_of_ceiling)
-                .collect();
-            if c.is_empty() {
-                return Err(format!("{}: no row gives the ceiling; pass --ceiling", json.display()).into());
-            }
-            median(&mut c)
-        }
+        None if rows.iter().any(|r| r.pct_of_ceiling > 0.0) => ceiling_of(&rows),
+        None => return Err(format!("{}: no row gives the ceiling; pass --ceiling", json.display()).into()),
     };
     plot(out, &rows, ceiling)
+}
+
+/// The read ceiling the rows were measured against (the median of `tb_s / pct_of_ceiling`), or
+/// 0 when no row has one.
+pub fn ceiling_of(rows: &[BenchRow]) -> f64 {
+    let mut c: Vec<f64> =
+        rows.iter().filter(|r| r.pct_of_ceiling > 0.0).map(|r| 100.0 * r.tb_s / r.pct_of_ceiling).collect();
+    if c.is_empty() { 0.0 } else { median(&mut c) }
 }
 
 /// SVG bar chart of TB/s per shape, with the measured ceiling as a line.
@@ -354,6 +368,7 @@ mod tests {
             num_splits: 1,
             num_chunks: 8,
             launched_chunks: 8,
+            path: "whole".into(),
             max_rel_err: None,
         };
         let dir = std::env::temp_dir().join(format!("paged-decode-replot-{}", std::process::id()));

@@ -58,6 +58,28 @@ enum Command {
         /// Unused page-table slots after the batch's (a buffer sized for a larger batch).
         #[arg(long, default_value_t = 0)]
         indices_slack: usize,
+        /// Largest page-table tokens per request for the lean kernel (0: off; tuning).
+        #[arg(long)]
+        lean_tokens: Option<u32>,
+    },
+    /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
+    /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
+    PlotSweep {
+        /// The grid's shape table.
+        #[arg(long, default_value = "benches/sweep-shapes.json")]
+        shapes: PathBuf,
+        /// Our rows (`bench --shapes <grid> --json`).
+        #[arg(long)]
+        ours: PathBuf,
+        /// FlashInfer's rows (the anchor harness's `--out`).
+        #[arg(long)]
+        flashinfer: Option<PathBuf>,
+        /// The SVG to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Read ceiling in TB/s (default: recovered from our rows).
+        #[arg(long)]
+        ceiling: Option<f64>,
     },
     /// Re-plot saved bench results (`bench --json`) as SVG, without a GPU.
     Plot {
@@ -78,6 +100,9 @@ fn main() -> ExitCode {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
         Command::Inspect { ptx, arch } => inspect(ptx, &arch),
         Command::Plot { json, out, ceiling } => bench::replot(&json, &out, ceiling),
+        Command::PlotSweep { shapes, ours, flashinfer, out, ceiling } => {
+            paged_decode::sweep::plot_sweep(&shapes, &ours, flashinfer.as_deref(), &out, ceiling)
+        }
         Command::Bench {
             shapes,
             json,
@@ -87,6 +112,7 @@ fn main() -> ExitCode {
             splits,
             spare,
             indices_slack,
+            lean_tokens,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -96,6 +122,7 @@ fn main() -> ExitCode {
             num_splits: splits,
             spare_chunks: spare,
             indices_slack,
+            lean_max_avg_tokens: lean_tokens,
         }),
     };
     match result {
