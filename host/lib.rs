@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod device;
 pub mod error;
+mod guard;
 pub mod page_table;
 pub mod plan;
 pub mod problem;

@@ -1,6 +1,8 @@
 //! Lifetimed tensor views over device memory, and their data-free layouts.
 
-use cudarc::driver::{CudaView, CudaViewMut};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaView, CudaViewMut, DeviceSlice};
 
 /// Shape and strides of a tensor plus the number of elements its storage holds.
 ///
@@ -73,6 +75,10 @@ impl<'a, T, const N: usize> TensorRef<'a, T, N> {
     pub fn layout(&self) -> TensorLayout<N> {
         TensorLayout { shape: self.shape, stride: self.stride, storage_len: self.data.len() }
     }
+    /// The CUDA context the viewed memory was allocated in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.data.stream().context()
+    }
 }
 
 impl<'a, T, const N: usize> TensorMut<'a, T, N> {
@@ -91,6 +97,10 @@ impl<'a, T, const N: usize> TensorMut<'a, T, N> {
     /// Shape, strides and storage length of this view, without the data.
     pub fn layout(&self) -> TensorLayout<N> {
         TensorLayout { shape: self.shape, stride: self.stride, storage_len: self.data.len() }
+    }
+    /// The CUDA context the viewed memory was allocated in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.data.stream().context()
     }
 }
 
@@ -137,5 +147,12 @@ impl Workspace<'_> {
     /// True when no bytes are available.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The CUDA context the workspace was allocated in (`None` without a workspace).
+    pub fn context(&self) -> Option<&Arc<CudaContext>> {
+        match self {
+            Workspace::None => None,
+            Workspace::Borrowed(v) => Some(v.stream().context()),
+        }
     }
 }
