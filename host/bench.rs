@@ -190,7 +190,7 @@ pub fn bench_shape<T: Element>(
     indices_slack: usize,
 ) -> Result<BenchRow> {
     let spec = ProblemSpec { indices_slack, ..shape.spec() };
-    let host = HostProblem::<T>::random(&spec);
+    let host = HostProblem::<T>::random(&spec)?;
     let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, pref)?;
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
     let max_rel_err = if check {
@@ -315,6 +315,9 @@ pub fn plot(
     ceiling: f64,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
+    if let Some(bad) = std::iter::once(ceiling).chain(rows.iter().map(|r| r.tb_s)).find(|v| !v.is_finite()) {
+        return Err(format!("cannot plot a bandwidth of {bad} TB/s").into());
+    }
     let root = SVGBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let top = (ceiling.max(rows.iter().map(|r| r.tb_s).fold(0.0, f64::max)) * 1.1).max(0.1);

@@ -339,6 +339,30 @@ mod tests {
         expect_err(validate_page_table(&d, 1, t, STRICT), &["indices[2] = 5", "indices[0]", "request 0"]);
     }
 
+    #[test]
+    fn append_needs_a_page_a_counted_token_and_its_own_slot() {
+        let d = kv(4, 8);
+        // Request 0 appends to slot 1 of page 3, request 1 to slot 1 of page 3 too.
+        let shared_slot = table(&[0, 1, 2], &[3, 3], &[2, 2]);
+        let cases = [
+            (table(&[0, 1, 1], &[0], &[1, 1]), "request 1 owns no page"),
+            (table(&[0, 1, 2], &[0, 1], &[0, 1]), "last_page_len[0] = 0"),
+            (shared_slot, "requests 0 and 1 both append to slot 1 of page 3"),
+        ];
+        for (t, part) in cases {
+            // Each is a valid decode table (shared pages allowed)...
+            validate_page_table(&d, 2, t, SHARED).unwrap();
+            // ...that appending rejects.
+            expect_err(validate_append_table(&d, 2, t), &[part]);
+        }
+        // Same page, different slots; a shared prefix page before the appended ones.
+        validate_append_table(&d, 2, table(&[0, 1, 2], &[3, 3], &[1, 2])).unwrap();
+        validate_append_table(&d, 2, table(&[0, 2, 4], &[5, 3, 5, 6], &[4, 4])).unwrap();
+        // The decode rules still apply.
+        expect_err(validate_append_table(&d, 2, table(&[0, 1, 2], &[0, 9], &[1, 1])), &["indices[1] = 9"]);
+        expect_err(validate_append_table(&d, 1, table(&[0, 1], &[0], &[5])), &["last_page_len[0] = 5"]);
+    }
+
     fn xorshift(state: &mut u64) -> u64 {
         *state ^= *state << 13;
         *state ^= *state >> 7;

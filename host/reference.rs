@@ -35,16 +35,19 @@ impl PageTable<'_> {
     /// `(pages - 1) * page_size + last_page_len[b]`.
     ///
     /// Out-of-contract values are read the way the kernels read them: a negative page count
-    /// counts as 0 and `last_page_len[b]` is clamped into `[0, page_size]`.
-    ///
-    /// # Panics
-    /// If `b + 1 >= indptr.len()` or `b >= last_page_len.len()`.
+    /// counts as 0 and `last_page_len[b]` is clamped into `[0, page_size]`. A request the
+    /// arrays do not hold (`b + 1 >= indptr.len()` or `b >= last_page_len.len()`) has 0 tokens.
     pub fn request_len(&self, b: usize, page_size: usize) -> usize {
-        let pages = (i64::from(self.indptr[b + 1]) - i64::from(self.indptr[b])).max(0) as usize;
+        let (Some(&start), Some(&stop), Some(&last)) =
+            (self.indptr.get(b), self.indptr.get(b.saturating_add(1)), self.last_page_len.get(b))
+        else {
+            return 0;
+        };
+        let pages = (i64::from(stop) - i64::from(start)).max(0) as usize;
         if pages == 0 {
             return 0;
         }
-        let last = (self.last_page_len[b].max(0) as usize).min(page_size);
+        let last = (last.max(0) as usize).min(page_size);
         (pages - 1).saturating_mul(page_size).saturating_add(last)
     }
 }

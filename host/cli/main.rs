@@ -119,7 +119,7 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
                 "no CUDA driver on this machine: running the float64 CPU reference on a smaller problem"
             );
             let small = ProblemSpec::uniform(4, 256, 32, 8, 128, 16);
-            let host = HostProblem::<f16>::random(&small);
+            let host = HostProblem::<f16>::random(&small)?;
             let t = std::time::Instant::now();
             let out = host.reference()?;
             println!(
@@ -132,7 +132,7 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
         Err(e) => return Err(e.into()),
     };
     println!("device: {}", device.name()?);
-    let host = HostProblem::<f16>::random(&spec);
+    let host = HostProblem::<f16>::random(&spec)?;
     let plan = BatchPagedDecodePlan::<f16>::select(&device.stream, &host.desc, PlanPreference::default())?;
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
     {
