@@ -27,6 +27,8 @@ const MAX_GRID_Y: u32 = 65535;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
 const WAVE_EFFICIENCY: f64 = 0.85;
 
+// SAFETY: the parameter blocks are `#[repr(C)]` plain data (u64 device addresses, u32 and f32),
+// passed to the kernels by value with the layout both sides compile from `params.rs`.
 unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
 unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
 unsafe impl cudarc::driver::DeviceRepr for PageTableCheckParams {}
@@ -559,6 +561,10 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     ///
     /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
     /// the output is unspecified but every access stays inside the given tensors.
+    ///
+    /// Refused before anything is enqueued: a stream of another context than the plan's, or a
+    /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]), and a
+    /// checked run on a capturing stream ([`Error::CheckedUnderCapture`]).
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
@@ -664,20 +670,15 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         stream: &Arc<CudaStream>,
         args: &BatchPagedDecodeArgs<'_, T>,
     ) -> Result<()> {
-        guard::refuse_capture(stream)?;
         args.check_launch_context(&self.ctx, stream)?;
         self.can_implement(args)?;
-        let kv = &self.desc.paged_kv;
-        check_page_table_on_device(
+        let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+        check_on_device(
             stream,
             &self.check_fn,
-            PageTableView {
-                indices: &args.indices,
-                indptr: &args.indptr,
-                last_page_len: &args.last_page_len,
-            },
+            table,
             self.desc.batch_size as u32,
-            kv,
+            &self.desc.paged_kv,
             false,
         )
     }
@@ -690,10 +691,20 @@ struct PageTableView<'r, 'a> {
     last_page_len: &'r TensorRef<'a, i32, 1>,
 }
 
+impl<'r, 'a> PageTableView<'r, 'a> {
+    fn of(
+        indices: &'r TensorRef<'a, i32, 1>,
+        indptr: &'r TensorRef<'a, i32, 1>,
+        last_page_len: &'r TensorRef<'a, i32, 1>,
+    ) -> Self {
+        Self { indices, indptr, last_page_len }
+    }
+}
+
 /// Runs the check kernel over `table` (the append contract with `append`) and waits for its
-/// verdict. In append mode, a table that passes is then searched for two requests appending to
+/// verdict; [`Error::CheckedUnderCapture`] while `stream` captures. In append mode, a table that passes is then searched for two requests appending to
 /// the same slot, from the slots the kernel wrote.
-fn check_page_table_on_device(
+fn check_on_device(
     stream: &Arc<CudaStream>,
     check_fn: &CudaFunction,
     table: PageTableView<'_, '_>,
@@ -701,6 +712,7 @@ fn check_page_table_on_device(
     kv: &PagedKvCacheDescriptor,
     append: bool,
 ) -> Result<()> {
+    guard::refuse_capture(stream)?;
     let mut status = stream.clone_htod(&[u64::MAX])?;
     let mut slots = stream.alloc_zeros::<u64>(if append { batch as usize } else { 1 })?;
     {
@@ -977,21 +989,10 @@ impl<T: Element> PagedKvAppendPlan<T> {
     /// violation as [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`]
     /// while `stream` is being captured into a graph.
     pub fn check_page_table(&self, stream: &Arc<CudaStream>, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
-        guard::refuse_capture(stream)?;
         args.check_launch_context(&self.ctx, stream)?;
         self.can_implement(args)?;
-        check_page_table_on_device(
-            stream,
-            &self.check_fn,
-            PageTableView {
-                indices: &args.indices,
-                indptr: &args.indptr,
-                last_page_len: &args.last_page_len,
-            },
-            self.desc.batch_size as u32,
-            &self.desc.paged_kv,
-            true,
-        )
+        let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+        check_on_device(stream, &self.check_fn, table, self.desc.batch_size as u32, &self.desc.paged_kv, true)
     }
 
     /// Launches the append on `stream` (no allocation, no synchronization unless
@@ -1003,6 +1004,9 @@ impl<T: Element> PagedKvAppendPlan<T> {
     /// `[1, page_size]` or with a last page id outside the store (its token is dropped), and two
     /// requests appending to the same slot race for it (the row ends up an unspecified mix of
     /// their tokens' 16-byte pieces).
+    ///
+    /// As [`BatchPagedDecodePlan::run`], operands of another context are [`Error::WrongDevice`]
+    /// and a checked run while `stream` captures is [`Error::CheckedUnderCapture`].
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
@@ -1045,7 +1049,9 @@ impl<T: Element> PagedKvAppendPlan<T> {
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: shapes checked by `can_implement`; the kernel bounds-checks the page table.
+        // SAFETY: every tensor lives in the stream's context, which is the plan's (checked above),
+        // and holds its shape (`can_implement`); the kernel bounds-checks the page table before
+        // it writes, and the view guards order the launch after earlier uses of the tensors.
         unsafe { stream.launch_builder(&self.append_fn).arg(&p).launch(cfg)? };
         Ok(())
     }

@@ -677,6 +677,8 @@ fn checked_run_under_capture_is_refused() {
         assert!(matches!(r, Err(Error::CheckedUnderCapture)), "{what} under capture: {r:?}");
     };
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    // One node of our own, so the graph is not empty.
+    s.memset_zeros(&mut buf.lse).unwrap();
     {
         let (mut args, mut ws) = buf.args_and_workspace();
         refused(plan.run(s, &mut ws, &mut args), "checked decode run");
@@ -687,15 +689,15 @@ fn checked_run_under_capture_is_refused() {
         refused(append.run(s, &mut Workspace::None, &mut args), "checked append run");
         refused(append.check_page_table(s, &args), "append check_page_table");
     }
-    // The capture was not invalidated, and nothing was recorded.
-    if let Some(graph) = s.end_capture(CUgraphInstantiate_flags(0)).unwrap() {
-        let mut nodes = 0usize;
-        // SAFETY: `graph` owns a live graph; a null node array asks for the count alone.
-        unsafe { cudarc::driver::sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
-            .result()
-            .unwrap();
-        assert_eq!(nodes, 0, "the refused runs recorded work");
-    }
+    // The capture was not invalidated, and the refused runs recorded nothing.
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("the memset was captured");
+    let mut nodes = 0usize;
+    // SAFETY: `graph` owns a live graph; a null node array asks for the count alone.
+    unsafe { cudarc::driver::sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
+        .result()
+        .unwrap();
+    assert_eq!(nodes, 1, "the refused runs recorded work");
+    drop(graph);
     let (o, lse) = run_decode(&dev, &plan, &mut buf);
     check("checked run after capture", &host.spec, &o, &lse, &host.reference().unwrap());
     println!("checked decode and append runs under capture: CheckedUnderCapture");
@@ -777,7 +779,7 @@ fn tracked_device_orders_runs_across_streams() {
     assert!(dev.is_event_tracking());
     let (a_stream, b_stream) = (&dev.stream, &dev.ctx.new_stream().unwrap());
     // Long enough that the first stream is still busy when the second one launches.
-    let spec = ProblemSpec::uniform(32, 4096, 32, 8, 128, 16);
+    let spec = ProblemSpec::uniform(16, 4096, 32, 8, 128, 16);
     let first = HostProblem::<f16>::random(&spec).unwrap();
     let second = HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() }).unwrap();
     let unsplit = PlanPreference { num_splits: Some(1), spare_chunks: Some(0), ..PlanPreference::default() };
@@ -791,7 +793,7 @@ fn tracked_device_orders_runs_across_streams() {
     let want = fed.reference().unwrap();
     for round in 0..5 {
         a_stream.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
-        for _ in 0..4 {
+        for _ in 0..8 {
             let (mut args, mut ws) = a.args_and_workspace();
             plan.run(a_stream, &mut ws, &mut args).unwrap();
         }
