@@ -7,6 +7,10 @@
 use crate::intrinsics::*;
 use crate::params::{PageTableCheckParams, check_code};
 
+/// # Safety
+/// `p` is a [`PageTableCheckParams`] block: `indptr` of `batch + 1` and `last_page_len` of
+/// `batch` i32s, `indices` of `num_indices` i32s, one u64 `status` and, in append mode, `batch`
+/// u64 `slots`, all writable ones unused by other work while the kernel runs.
 #[inline(always)]
 pub unsafe fn check_page_table(p: &PageTableCheckParams) {
     let lane = thread_idx() % 32;

@@ -58,11 +58,14 @@ use params::{
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `trap` aborts the kernel; it has no precondition.
     unsafe { core::arch::nvptx::trap() }
 }
 
 macro_rules! decode_mma_entry {
     ($name:ident, $t:ty, $d:literal, $q_in_regs:literal, $split:literal) => {
+        /// # Safety
+        /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
@@ -96,6 +99,8 @@ decode_mma_entry!(decode_mma_split_bf16_d256, BF16, 256, false, true);
 
 macro_rules! decode_simt_entry {
     ($name:ident, $t:ty, $d:literal, $split:literal) => {
+        /// # Safety
+        /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe { decode::decode_simt::<$t, $d, { $d / 32 }, $split>(&p) }
@@ -111,6 +116,8 @@ decode_simt_entry!(decode_simt_split_f32_d256, f32, 256, true);
 
 macro_rules! append_entry {
     ($name:ident, $t:ty) => {
+        /// # Safety
+        /// See [`append::append_token`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: AppendParams) {
             unsafe { append::append_token::<$t>(&p) }
@@ -121,11 +128,15 @@ append_entry!(append_f16, F16);
 append_entry!(append_bf16, BF16);
 append_entry!(append_f32, f32);
 
+/// # Safety
+/// See [`check::check_page_table`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn check_page_table(p: PageTableCheckParams) {
     unsafe { check::check_page_table(&p) }
 }
 
+/// # Safety
+/// See [`bandwidth::read_bandwidth`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn read_bandwidth(src: *const u8, chunks: u64, sentinel: u32, sink: *mut u32) {
     unsafe { bandwidth::read_bandwidth(src, chunks, sentinel, sink) }
