@@ -117,6 +117,10 @@ pub struct Timing {
 }
 
 /// Times `plan` on `dev`: `calls` runs captured in one CUDA graph, median of `replays` replays.
+///
+/// Capture needs a device opened with [`Device::open_untracked`]; with event tracking on, the
+/// capture is invalidated and this returns the driver's error. The graph is dropped before this
+/// returns, so the buffers it captured outlive it.
 pub fn time_plan<T: Element>(
     device: &Device,
     plan: &BatchPagedDecodePlan<T>,
@@ -198,7 +202,7 @@ pub fn bench_shape<T: Element>(
     indices_slack: usize,
 ) -> Result<BenchRow> {
     let spec = ProblemSpec { indices_slack, ..shape.spec() };
-    let host = HostProblem::<T>::random(&spec);
+    let host = HostProblem::<T>::random(&spec)?;
     let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, pref)?;
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
     let max_rel_err = if check {
@@ -241,7 +245,9 @@ pub fn bench_shape<T: Element>(
 /// Reads the shape table, benchmarks every row and writes the JSON and the plot.
 pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let shapes: Vec<Shape> = serde_json::from_str(&std::fs::read_to_string(&opts.shapes)?)?;
-    let device = match Device::open(0) {
+    // SAFETY: the benchmark issues all work on `device.stream` alone (one stream orders every use
+    // and free), and each captured graph is dropped before the buffers it uses.
+    let device = match unsafe { Device::open_untracked(0) } {
         Ok(d) => d,
         Err(Error::NoDevice) => {
             println!("no CUDA driver on this machine: nothing to benchmark");
@@ -323,6 +329,9 @@ pub fn plot(
     ceiling: f64,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
+    if let Some(bad) = std::iter::once(ceiling).chain(rows.iter().map(|r| r.tb_s)).find(|v| !v.is_finite()) {
+        return Err(format!("cannot plot a bandwidth of {bad} TB/s").into());
+    }
     let root = SVGBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let top = (ceiling.max(rows.iter().map(|r| r.tb_s).fold(0.0, f64::max)) * 1.1).max(0.1);

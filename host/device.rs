@@ -14,8 +14,13 @@ pub fn driver_available() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// A CUDA context plus a non-default stream (capturable into CUDA graphs), with cudarc's
-/// per-slice event tracking off.
+/// A CUDA context plus a non-default stream (capturable into CUDA graphs).
+///
+/// [`Device::open`] keeps cudarc's per-slice event tracking on: every use of a `CudaSlice` on a
+/// stream other than the one that last wrote it (or, for a write, last read it) waits for that
+/// use, and a slice is freed only after its last use. [`Device::open_untracked`] turns it off,
+/// which graph capture of [`run`](crate::BatchPagedDecodePlan::run) needs; see the
+/// [crate documentation](crate#safety-model).
 #[derive(Debug, Clone)]
 pub struct Device {
     /// The CUDA context of the GPU.
@@ -25,18 +30,54 @@ pub struct Device {
 }
 
 impl Device {
-    /// Opens GPU `ordinal`; [`Error::NoDevice`] when no CUDA driver is installed.
+    /// Opens GPU `ordinal` with cudarc's cross-stream event tracking on;
+    /// [`Error::NoDevice`] when no CUDA driver is installed.
+    ///
+    /// Safe on any number of streams. Its slices cannot be captured into a CUDA graph: event
+    /// tracking makes the capturing stream wait on events recorded before the capture, which
+    /// invalidates it (`end_capture` then returns an error). Use [`Device::open_untracked`] to
+    /// capture.
     pub fn open(ordinal: usize) -> Result<Self> {
+        Self::open_with(ordinal, true)
+    }
+
+    /// Opens GPU `ordinal` with cudarc's cross-stream event tracking off: the device for CUDA
+    /// graph capture and for the lowest launch overhead (no event record or wait per tensor).
+    ///
+    /// # Safety
+    /// Every `CudaSlice` allocated in this context (it is shared by all streams of `ctx`, also
+    /// through clones of the `Device`) is then ordered by its streams alone, so the caller
+    /// guarantees, as for `CudaContext::disable_event_tracking`:
+    /// - a slice is not used on a stream before the work that allocated or last wrote it on
+    ///   another stream has finished (or the streams are joined with events),
+    /// - a slice is not written on one stream while another stream reads or writes it,
+    /// - a slice is not dropped (its memory freed on its own stream) while work on another
+    ///   stream still uses it.
+    ///
+    /// Using only [`Device::stream`] satisfies all three. Graph capture adds one more rule,
+    /// which holds whatever the tracking: a captured graph holds raw device pointers, so every
+    /// buffer it reads or writes must outlive its last replay.
+    pub unsafe fn open_untracked(ordinal: usize) -> Result<Self> {
+        Self::open_with(ordinal, false)
+    }
+
+    fn open_with(ordinal: usize, event_tracking: bool) -> Result<Self> {
         if !driver_available() {
             return Err(Error::NoDevice);
         }
         let ctx = CudaContext::new(ordinal)?;
-        // One stream does all the work: cudarc's cross-stream event tracking is not needed, and
-        // its event waits are not allowed while a stream is being captured into a graph.
-        // SAFETY: no slice of this context exists yet.
-        unsafe { ctx.disable_event_tracking() };
+        if !event_tracking {
+            // SAFETY: no slice of this context exists yet, and the caller of `open_untracked`
+            // takes on the ordering duties its contract lists.
+            unsafe { ctx.disable_event_tracking() };
+        }
         let stream = ctx.new_stream()?;
         Ok(Self { ctx, stream })
+    }
+
+    /// Whether cudarc orders cross-stream uses of this context's slices ([`Device::open`]).
+    pub fn is_event_tracking(&self) -> bool {
+        self.ctx.is_event_tracking()
     }
 
     /// Device name as the driver reports it.

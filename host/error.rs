@@ -42,6 +42,29 @@ pub enum Error {
     /// The page table (indptr / indices / last_page_len) breaks its contract.
     #[error("invalid page table: {0}")]
     InvalidPageTable(String),
+    /// A tensor (or the workspace) lives in another CUDA context than the stream `run` launches
+    /// on, or the stream belongs to another context than the one the plan was selected for.
+    /// Launching would make the kernel dereference addresses of another device.
+    #[error(
+        "`{operand}` belongs to the CUDA context of device {found}, but the launch runs in a context \
+         of device {expected}"
+    )]
+    WrongDevice {
+        /// Name of the argument (`"stream"` when the stream itself is the plan's mismatch).
+        operand: &'static str,
+        /// Ordinal of the device the launch runs on.
+        expected: usize,
+        /// Ordinal of the device the argument belongs to.
+        found: usize,
+    },
+    /// A checked `run` (or `check_page_table`) was called while its stream is being captured
+    /// into a CUDA graph: checking waits for the device's verdict, which capture cannot do.
+    #[error(
+        "checked mode cannot run while the stream is being captured into a CUDA graph (it synchronizes \
+         to read the page-table verdict); validate the page table before capture and capture an \
+         unchecked plan"
+    )]
+    CheckedUnderCapture,
     /// No CUDA driver library could be found on this machine.
     #[error("no CUDA driver found (libcuda is not installed or not loadable)")]
     NoDevice,

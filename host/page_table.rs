@@ -14,6 +14,13 @@
 //!
 //! These are the same rules the device-side check enforces, plus `indptr[0] == 0` and the
 //! optional uniqueness check.
+//!
+//! Appending ([`validate_append_table`], [`crate::PagedKvAppendPlan`] with
+//! [`checked`](crate::PlanPreference::checked), [`crate::reference::append`]) needs the table
+//! advanced for the new token, so on top of the rules above (shared pages allowed):
+//! - every request owns at least one page (the token's page),
+//! - `last_page_len[b] ≥ 1` (the new token is counted: it goes to slot `last_page_len[b] - 1`),
+//! - no two requests append to the same slot of the same page.
 
 use std::collections::HashMap;
 
@@ -116,6 +123,66 @@ pub fn validate_page_table(
         }
     }
     Ok(())
+}
+
+/// Checks `table` for appending one token per request: [`validate_page_table`] with shared pages
+/// allowed, then the append rules of the [module documentation](self), reported as
+/// [`Error::InvalidPageTable`] naming the request (and, for a shared slot, both requests).
+pub fn validate_append_table(
+    paged_kv: &PagedKvCacheDescriptor,
+    batch_size: usize,
+    table: PageTable<'_>,
+) -> Result<()> {
+    append_slots(paged_kv, batch_size, table).map(|_| ())
+}
+
+/// The `(page, slot)` each request appends to, after [`validate_append_table`]'s checks.
+pub(crate) fn append_slots(
+    paged_kv: &PagedKvCacheDescriptor,
+    batch_size: usize,
+    table: PageTable<'_>,
+) -> Result<Vec<(usize, usize)>> {
+    validate_page_table(paged_kv, batch_size, table, PageTableRules { allow_shared_pages: true })?;
+    let mut slots = Vec::with_capacity(batch_size);
+    // (page, slot) -> the first request appending there.
+    let mut writers: HashMap<(usize, usize), usize> = HashMap::with_capacity(batch_size);
+    for b in 0..batch_size {
+        let (start, stop) = (table.indptr[b], table.indptr[b + 1]);
+        if stop == start {
+            return Err(bad(no_page_message(b as u64)));
+        }
+        let last = table.last_page_len[b];
+        if last < 1 {
+            return Err(bad(last_page_empty_message(b as u64)));
+        }
+        let pos = stop as usize - 1;
+        let target = (table.indices[pos] as usize, last as usize - 1);
+        if let Some(a) = writers.insert(target, b) {
+            return Err(bad(shared_slot_message(a as u64, b as u64, target.0 as u64, target.1 as u64)));
+        }
+        slots.push(target);
+    }
+    Ok(slots)
+}
+
+/// Append rule: request `b` owns no page.
+pub(crate) fn no_page_message(b: u64) -> String {
+    format!("request {b} owns no page (indptr[{b}] = indptr[{}]); allocate its page before appending", b + 1)
+}
+
+/// Append rule: request `b` has pages but `last_page_len[b] = 0`.
+pub(crate) fn last_page_empty_message(b: u64) -> String {
+    format!(
+        "last_page_len[{b}] = 0 on a request with pages (request {b}); when appending it must lie in \
+         [1, page_size]: count the new token before appending"
+    )
+}
+
+/// Append rule: requests `a < b` append to the same `slot` of `page`.
+pub(crate) fn shared_slot_message(a: u64, b: u64, page: u64, slot: u64) -> String {
+    format!(
+        "requests {a} and {b} both append to slot {slot} of page {page}; one token would overwrite the other"
+    )
 }
 
 #[cfg(test)]
@@ -270,6 +337,30 @@ mod tests {
         let t = table(&[0, 3], &[5, 6, 5], &[1]);
         validate_page_table(&d, 1, t, SHARED).unwrap();
         expect_err(validate_page_table(&d, 1, t, STRICT), &["indices[2] = 5", "indices[0]", "request 0"]);
+    }
+
+    #[test]
+    fn append_needs_a_page_a_counted_token_and_its_own_slot() {
+        let d = kv(4, 8);
+        // Request 0 appends to slot 1 of page 3, request 1 to slot 1 of page 3 too.
+        let shared_slot = table(&[0, 1, 2], &[3, 3], &[2, 2]);
+        let cases = [
+            (table(&[0, 1, 1], &[0], &[1, 1]), "request 1 owns no page"),
+            (table(&[0, 1, 2], &[0, 1], &[0, 1]), "last_page_len[0] = 0"),
+            (shared_slot, "requests 0 and 1 both append to slot 1 of page 3"),
+        ];
+        for (t, part) in cases {
+            // Each is a valid decode table (shared pages allowed)...
+            validate_page_table(&d, 2, t, SHARED).unwrap();
+            // ...that appending rejects.
+            expect_err(validate_append_table(&d, 2, t), &[part]);
+        }
+        // Same page, different slots; a shared prefix page before the appended ones.
+        validate_append_table(&d, 2, table(&[0, 1, 2], &[3, 3], &[1, 2])).unwrap();
+        validate_append_table(&d, 2, table(&[0, 2, 4], &[5, 3, 5, 6], &[4, 4])).unwrap();
+        // The decode rules still apply.
+        expect_err(validate_append_table(&d, 2, table(&[0, 1, 2], &[0, 9], &[1, 1])), &["indices[1] = 9"]);
+        expect_err(validate_append_table(&d, 1, table(&[0, 1], &[0], &[5])), &["last_page_len[0] = 5"]);
     }
 
     fn xorshift(state: &mut u64) -> u64 {

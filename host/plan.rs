@@ -4,10 +4,13 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 
 use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
+use crate::guard;
 use crate::params::{self, AppendParams, DecodeParams, PageTableCheckParams};
 use crate::ptx;
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
@@ -27,6 +30,8 @@ const WAVE_EFFICIENCY: f64 = 0.85;
 /// many tokens per request run the lean kernel when the batch fills more than a wave.
 pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
 
+// SAFETY: the parameter blocks are `#[repr(C)]` plain data (u64 device addresses, u32 and f32),
+// passed to the kernels by value with the layout both sides compile from `params.rs`.
 unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
 unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
 unsafe impl cudarc::driver::DeviceRepr for PageTableCheckParams {}
@@ -219,11 +224,14 @@ impl DecodeConfig {
     /// a wave's worth of spare chunks (equal lengths stay whole, a long request is cut to a
     /// wave's share); otherwise enough splits that the last wave is at least 85 % busy. Capped
     /// by [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
+    ///
+    /// A descriptor `select` would reject gets the same typed error here.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
         max_workspace_bytes: usize,
     ) -> Result<Self> {
+        check_decode_descriptor(desc)?;
         let kv = &desc.paged_kv;
         let group = (desc.num_qo_heads / kv.num_kv_heads) as u32;
         let d = kv.head_dim as u32;
@@ -338,7 +346,8 @@ impl DecodeConfig {
     /// head-major for unsplit requests with spare chunks within one wave.
     fn with_spare(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Self {
         let balance_items = if spare_chunks > 0 { self.wave_items(desc) } else { 0 };
-        let beyond_a_wave = desc.batch_size.max(0) as u64 * self.ctas_per_item(desc) > self.wave_ctas as u64;
+        let beyond_a_wave =
+            (desc.batch_size.max(0) as u64).saturating_mul(self.ctas_per_item(desc)) > self.wave_ctas as u64;
         let heads_along_x = self.num_splits > 1 || beyond_a_wave;
         Self { spare_chunks, balance_items, heads_along_x, ..self }
     }
@@ -404,7 +413,7 @@ impl DecodeConfig {
         crate::chunking::max_items(
             batch,
             self.num_chunks(desc),
-            num_indices as u64 * page_size,
+            (num_indices as u64).saturating_mul(page_size),
             self.min_chunk,
             self.preferred_chunk,
             self.balance_items,
@@ -434,15 +443,17 @@ impl DecodeConfig {
 
     fn workspace_layout(&self, desc: &BatchPagedDecodeDescriptor) -> WorkspaceLayout {
         let chunks = self.num_chunks(desc);
-        let state = (2 * desc.batch_size.max(0) as usize * self.ctas_per_item(desc) as usize * 4)
-            .next_multiple_of(256);
-        let rows = chunks as usize * desc.num_qo_heads.max(0) as usize;
-        let o_bytes = (rows * desc.paged_kv.head_dim.max(0) as usize * 4).next_multiple_of(256);
-        let partial_lse = state + o_bytes;
-        let lse_bytes = rows * 4;
+        // Saturating: total for any configuration (`select` bounds the real ones).
+        let round = |bytes: usize| bytes.checked_next_multiple_of(256).unwrap_or(usize::MAX);
+        let slots = (desc.batch_size.max(0) as usize).saturating_mul(self.ctas_per_item(desc) as usize);
+        let state = round(slots.saturating_mul(8));
+        let rows = (chunks as usize).saturating_mul(desc.num_qo_heads.max(0) as usize);
+        let o_bytes = round(rows.saturating_mul(desc.paged_kv.head_dim.max(0) as usize).saturating_mul(4));
+        let partial_lse = state.saturating_add(o_bytes);
+        let lse_bytes = rows.saturating_mul(4);
         if self.is_scheduled(desc) {
-            let item_map = partial_lse + lse_bytes.next_multiple_of(256);
-            let total = item_map + params::item_map_bytes(chunks);
+            let item_map = partial_lse.saturating_add(round(lse_bytes));
+            let total = item_map.saturating_add(params::item_map_bytes(chunks));
             WorkspaceLayout {
                 state_bytes: state,
                 partial_o: state,
@@ -456,7 +467,7 @@ impl DecodeConfig {
                 partial_o: state,
                 partial_lse,
                 item_map: None,
-                total: partial_lse + lse_bytes,
+                total: partial_lse.saturating_add(lse_bytes),
             }
         }
     }
@@ -492,6 +503,8 @@ pub struct BatchPagedDecodePlan<T: Element> {
     check_fn: CudaFunction,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
     programmatic: bool,
+    /// The context the kernels were loaded into: `run` launches only on its streams.
+    ctx: Arc<CudaContext>,
     _t: PhantomData<T>,
 }
 
@@ -506,34 +519,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
                 T::KIND
             )));
         }
-        if !matches!(T::KIND, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
-            return Err(Error::Unsupported(format!("element type {:?}", T::KIND)));
-        }
-        check_paged_kv(kv)?;
-        positive("batch_size", desc.batch_size)?;
-        positive("num_qo_heads", desc.num_qo_heads)?;
-        if desc.num_qo_heads % kv.num_kv_heads != 0 {
-            return Err(invalid(format!(
-                "num_qo_heads ({}) must be a multiple of num_kv_heads ({})",
-                desc.num_qo_heads, kv.num_kv_heads
-            )));
-        }
-        if !desc.sm_scale.is_finite() {
-            return Err(invalid(format!("sm_scale must be finite, got {}", desc.sm_scale)));
-        }
-        let group = desc.num_qo_heads / kv.num_kv_heads;
-        let per_cta = params::standard_tiling(kv.head_dim as u32).heads_per_cta as u64;
-        let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(per_cta);
-        if y > 65535 {
-            return Err(Error::Unsupported(format!(
-                "num_kv_heads × ceil(group / {per_cta}) = {y} exceeds the grid limit 65535"
-            )));
-        }
-        let rows = desc.batch_size as i64 * desc.num_qo_heads as i64;
-        if rows * MAX_SPLITS as i64 > u32::MAX as i64 {
-            return Err(Error::Unsupported(format!("batch_size × num_qo_heads = {rows} is too large")));
-        }
-        Ok(())
+        check_decode_descriptor(desc)
     }
 
     /// Checks every argument's shape, contiguity and storage size against `desc` (no GPU needed).
@@ -630,6 +616,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             arch,
             decode_fn: device::function(ctx, &decode_name, config.smem_bytes)?,
             check_fn: device::function(ctx, "check_page_table", 0)?,
+            ctx: ctx.clone(),
             _t: PhantomData,
         })
     }
@@ -698,12 +685,21 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     ///
     /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
     /// the output is unspecified but every access stays inside the given tensors.
+    ///
+    /// Refused before anything is enqueued: a stream of another context than the plan's, or a
+    /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]), and a
+    /// checked run on a capturing stream ([`Error::CheckedUnderCapture`]).
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
         workspace: &mut Workspace<'_>,
         args: &mut BatchPagedDecodeArgs<'_, T>,
     ) -> Result<()> {
+        if self.pref.checked {
+            guard::refuse_capture(stream)?;
+        }
+        args.check_launch_context(&self.ctx, stream)?;
+        workspace.check_context(&self.ctx)?;
         self.can_implement(args)?;
         let needed = self.workspace_size();
         if workspace.len() < needed {
@@ -846,24 +842,23 @@ impl<T: Element> BatchPagedDecodePlan<T> {
 
     /// Validates the device page table of `args` on the GPU without reading out of bounds,
     /// then synchronizes `stream` and reports the first violation (lowest request) as
-    /// [`Error::InvalidPageTable`].
+    /// [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`] while `stream`
+    /// is being captured into a graph.
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,
         args: &BatchPagedDecodeArgs<'_, T>,
     ) -> Result<()> {
+        args.check_launch_context(&self.ctx, stream)?;
         self.can_implement(args)?;
-        let kv = &self.desc.paged_kv;
-        check_page_table_on_device(
+        let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+        check_on_device(
             stream,
             &self.check_fn,
-            PageTableView {
-                indices: &args.indices,
-                indptr: &args.indptr,
-                last_page_len: &args.last_page_len,
-            },
+            table,
             self.desc.batch_size as u32,
-            kv,
+            &self.desc.paged_kv,
+            false,
         )
     }
 }
@@ -875,28 +870,47 @@ struct PageTableView<'r, 'a> {
     last_page_len: &'r TensorRef<'a, i32, 1>,
 }
 
-fn check_page_table_on_device(
+impl<'r, 'a> PageTableView<'r, 'a> {
+    fn of(
+        indices: &'r TensorRef<'a, i32, 1>,
+        indptr: &'r TensorRef<'a, i32, 1>,
+        last_page_len: &'r TensorRef<'a, i32, 1>,
+    ) -> Self {
+        Self { indices, indptr, last_page_len }
+    }
+}
+
+/// Runs the check kernel over `table` (the append contract with `append`) and waits for its
+/// verdict; [`Error::CheckedUnderCapture`] while `stream` captures. In append mode, a table that passes is then searched for two requests appending to
+/// the same slot, from the slots the kernel wrote.
+fn check_on_device(
     stream: &Arc<CudaStream>,
     check_fn: &CudaFunction,
     table: PageTableView<'_, '_>,
     batch: u32,
     kv: &PagedKvCacheDescriptor,
+    append: bool,
 ) -> Result<()> {
+    guard::refuse_capture(stream)?;
     let mut status = stream.clone_htod(&[u64::MAX])?;
+    let mut slots = stream.alloc_zeros::<u64>(if append { batch as usize } else { 1 })?;
     {
         let (indices, _i) = table.indices.data.device_ptr(stream);
         let (indptr, _p) = table.indptr.data.device_ptr(stream);
         let (last, _l) = table.last_page_len.data.device_ptr(stream);
         let (status_ptr, _s) = status.device_ptr_mut(stream);
+        let (slots_ptr, _o) = slots.device_ptr_mut(stream);
         let p = PageTableCheckParams {
             indices,
             indptr,
             last_page_len: last,
             status: status_ptr,
+            slots: if append { slots_ptr } else { 0 },
             batch,
             page_size: kv.page_size as u32,
             num_total_pages: kv.num_total_pages as u32,
             num_indices: table.indices.shape[0] as u32,
+            append: append as u32,
         };
         let warps = params::DECODE_THREADS / 32;
         let cfg = LaunchConfig {
@@ -905,12 +919,17 @@ fn check_page_table_on_device(
             shared_mem_bytes: 0,
         };
         // SAFETY: the kernel reads `batch + 1` indptr, `batch` last_page_len and only the
-        // indices inside `[0, num_indices)`; shapes were checked by the caller.
+        // indices inside `[0, num_indices)` (shapes checked by the caller, all in the stream's
+        // context), and writes `status` and, in append mode, `slots[..batch]`.
         unsafe { stream.launch_builder(check_fn).arg(&p).launch(cfg)? };
     }
     let found = stream.clone_dtoh(&status)?[0];
     if found == u64::MAX {
-        return Ok(());
+        return if append {
+            shared_append_slot(&stream.clone_dtoh(&slots)?, kv.page_size as u64)
+        } else {
+            Ok(())
+        };
     }
     let (request, code) = (found >> 8, (found & 0xff) as u32);
     let what = match code {
@@ -928,9 +947,25 @@ fn check_page_table_on_device(
         params::check_code::PAGE_OUT_OF_RANGE => {
             format!("a page id of request {request} lies outside [0, {})", kv.num_total_pages)
         }
+        params::check_code::NO_PAGE => crate::page_table::no_page_message(request),
+        params::check_code::LAST_PAGE_EMPTY => crate::page_table::last_page_empty_message(request),
         _ => format!("unknown violation code {code} at request {request}"),
     };
     Err(Error::InvalidPageTable(what))
+}
+
+/// [`Error::InvalidPageTable`] naming the first request whose append slot (a store row,
+/// `page × page_size + slot`) an earlier request already takes.
+fn shared_append_slot(slots: &[u64], page_size: u64) -> Result<()> {
+    let mut first_writer = std::collections::HashMap::with_capacity(slots.len());
+    for (b, &row) in slots.iter().enumerate() {
+        if let Some(a) = first_writer.insert(row, b) {
+            let (page, slot) = (row / page_size.max(1), row % page_size.max(1));
+            let message = crate::page_table::shared_slot_message(a as u64, b as u64, page, slot);
+            return Err(Error::InvalidPageTable(message));
+        }
+    }
+    Ok(())
 }
 
 /// Arguments of [`PagedKvAppendPlan::run`].
@@ -1017,6 +1052,8 @@ pub struct PagedKvAppendPlan<T: Element> {
     arch: ArchSku,
     append_fn: CudaFunction,
     check_fn: CudaFunction,
+    /// The context the kernels were loaded into: `run` launches only on its streams.
+    ctx: Arc<CudaContext>,
     _t: PhantomData<T>,
 }
 
@@ -1085,6 +1122,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
             arch: ptx::build_for(props.compute_capability),
             append_fn: device::function(ctx, name, 0)?,
             check_fn: device::function(ctx, "check_page_table", 0)?,
+            ctx: ctx.clone(),
             _t: PhantomData,
         })
     }
@@ -1124,29 +1162,42 @@ impl<T: Element> PagedKvAppendPlan<T> {
         }
     }
 
+    /// Validates the device page table of `args` against the append contract (see
+    /// [`crate::page_table`]: every request owns a page, `last_page_len ∈ [1, page_size]`, no two
+    /// requests append to the same slot) on the GPU, synchronizes `stream` and reports the first
+    /// violation as [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`]
+    /// while `stream` is being captured into a graph.
+    pub fn check_page_table(&self, stream: &Arc<CudaStream>, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
+        args.check_launch_context(&self.ctx, stream)?;
+        self.can_implement(args)?;
+        let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+        check_on_device(stream, &self.check_fn, table, self.desc.batch_size as u32, &self.desc.paged_kv, true)
+    }
+
     /// Launches the append on `stream` (no allocation, no synchronization unless
-    /// [`PlanPreference::checked`]).
+    /// [`PlanPreference::checked`], which first runs [`Self::check_page_table`] and writes
+    /// nothing when it fails).
+    ///
+    /// Unchecked, the kernel trusts the table as far as the append contract goes but never
+    /// writes outside the store: it skips a request with no page, with `last_page_len` outside
+    /// `[1, page_size]` or with a last page id outside the store (its token is dropped), and two
+    /// requests appending to the same slot race for it (the row ends up an unspecified mix of
+    /// their tokens' 16-byte pieces).
+    ///
+    /// As [`BatchPagedDecodePlan::run`], operands of another context are [`Error::WrongDevice`]
+    /// and a checked run while `stream` captures is [`Error::CheckedUnderCapture`].
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
         _workspace: &mut Workspace<'_>,
         args: &mut PagedKvAppendArgs<'_, T>,
     ) -> Result<()> {
+        if self.pref.checked {
+            self.check_page_table(stream, args)?;
+        }
+        args.check_launch_context(&self.ctx, stream)?;
         self.can_implement(args)?;
         let kv = &self.desc.paged_kv;
-        if self.pref.checked {
-            check_page_table_on_device(
-                stream,
-                &self.check_fn,
-                PageTableView {
-                    indices: &args.indices,
-                    indptr: &args.indptr,
-                    last_page_len: &args.last_page_len,
-                },
-                self.desc.batch_size as u32,
-                kv,
-            )?;
-        }
         let (key, _a) = args.key.data.device_ptr(stream);
         let (value, _b) = args.value.data.device_ptr(stream);
         let (indices, _i) = args.indices.data.device_ptr(stream);
@@ -1177,10 +1228,43 @@ impl<T: Element> PagedKvAppendPlan<T> {
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: shapes checked by `can_implement`; the kernel bounds-checks the page table.
+        // SAFETY: every tensor lives in the stream's context, which is the plan's (checked above),
+        // and holds its shape (`can_implement`); the kernel bounds-checks the page table before
+        // it writes, and the view guards order the launch after earlier uses of the tensors.
         unsafe { stream.launch_builder(&self.append_fn).arg(&p).launch(cfg)? };
         Ok(())
     }
+}
+
+/// The decode descriptor checks that do not depend on the plan's element type: element,
+/// extents, grouping, scale and the grid and size limits.
+fn check_decode_descriptor(desc: &BatchPagedDecodeDescriptor) -> Result<()> {
+    let kv = &desc.paged_kv;
+    check_paged_kv(kv)?;
+    positive("batch_size", desc.batch_size)?;
+    positive("num_qo_heads", desc.num_qo_heads)?;
+    if desc.num_qo_heads % kv.num_kv_heads != 0 {
+        return Err(invalid(format!(
+            "num_qo_heads ({}) must be a multiple of num_kv_heads ({})",
+            desc.num_qo_heads, kv.num_kv_heads
+        )));
+    }
+    if !desc.sm_scale.is_finite() {
+        return Err(invalid(format!("sm_scale must be finite, got {}", desc.sm_scale)));
+    }
+    let group = desc.num_qo_heads / kv.num_kv_heads;
+    let per_cta = params::standard_tiling(kv.head_dim as u32).heads_per_cta as u64;
+    let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(per_cta);
+    if y > 65535 {
+        return Err(Error::Unsupported(format!(
+            "num_kv_heads × ceil(group / {per_cta}) = {y} exceeds the grid limit 65535"
+        )));
+    }
+    let rows = desc.batch_size as i64 * desc.num_qo_heads as i64;
+    if rows * MAX_SPLITS as i64 > u32::MAX as i64 {
+        return Err(Error::Unsupported(format!("batch_size × num_qo_heads = {rows} is too large")));
+    }
+    Ok(())
 }
 
 fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 
-use crate::error::Result;
+use crate::error::{Result, invalid};
 use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
 use crate::reference::PageTable;
 use crate::tensor::{TensorMut, TensorRef, Workspace};
@@ -28,9 +28,13 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    /// Uniform in `[0, n)`.
+    /// Uniform in `[0, n)` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() >> 32) * n) >> 32
+        if n <= u32::MAX as u64 {
+            ((self.next_u64() >> 32) * n) >> 32
+        } else {
+            ((self.next_u64() as u128 * n as u128) >> 64) as u64
+        }
     }
     /// Uniform in `[-1, 1)`.
     pub fn symmetric(&mut self) -> f64 {
@@ -71,7 +75,8 @@ pub struct ProblemSpec {
 }
 
 impl ProblemSpec {
-    /// `batch` requests of `kv_len` tokens, `1/sqrt(d)` scaling.
+    /// `batch` requests of `kv_len` tokens, `1/sqrt(d)` scaling. (Like `vec!`, it cannot
+    /// allocate `batch` lengths beyond memory.)
     pub fn uniform(batch: usize, kv_len: usize, hq: usize, hkv: usize, d: usize, page: usize) -> Self {
         Self {
             lens: vec![kv_len; batch],
@@ -92,11 +97,51 @@ impl ProblemSpec {
         self.lens.len()
     }
 
-    /// Bytes of K and V read (what FlashInfer's harness counts, plus q).
+    /// Bytes of K and V read (what FlashInfer's harness counts, plus q); saturating.
     pub fn kv_bytes(&self, element: ElementKind) -> usize {
-        let tokens: usize = self.lens.iter().sum();
-        2 * tokens * self.num_kv_heads * self.head_dim * element.size_bytes()
-            + 2 * self.batch() * self.num_qo_heads * self.head_dim * element.size_bytes()
+        let tokens = self.lens.iter().fold(0usize, |acc, &l| acc.saturating_add(l));
+        let product = |dims: &[usize]| dims.iter().fold(2usize, |acc, &d| acc.saturating_mul(d));
+        let size = element.size_bytes();
+        product(&[tokens, self.num_kv_heads, self.head_dim, size]).saturating_add(product(&[
+            self.batch(),
+            self.num_qo_heads,
+            self.head_dim,
+            size,
+        ]))
+    }
+
+    /// Checks that the sizes describe a problem the descriptors can express: positive heads,
+    /// head_dim and page size, every extent and page count within `i32`, and buffers that fit
+    /// in `isize::MAX` bytes of `element`.
+    fn check(&self, element: ElementKind) -> Result<()> {
+        let fits_i32 = |name: &str, v: usize| -> Result<i32> {
+            i32::try_from(v).map_err(|_| invalid(format!("{name} = {v} does not fit in i32")))
+        };
+        for (name, v) in [
+            ("num_qo_heads", self.num_qo_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("page_size", self.page_size),
+        ] {
+            if fits_i32(name, v)? < 1 {
+                return Err(invalid(format!("{name} must be at least 1")));
+            }
+        }
+        fits_i32("batch + 1", self.batch().saturating_add(1))?;
+        let pages = self.lens.iter().fold(0usize, |acc, &l| acc.saturating_add(l.div_ceil(self.page_size)));
+        fits_i32("total pages", pages.saturating_add(self.spare_pages))?;
+        fits_i32("indices", pages.saturating_add(self.indices_slack))?;
+        let limit = isize::MAX as usize / element.size_bytes();
+        let store =
+            [pages.saturating_add(self.spare_pages).max(1), self.num_kv_heads, self.page_size, self.head_dim];
+        for (name, dims) in
+            [("q", &[self.batch(), self.num_qo_heads, self.head_dim][..]), ("k_data", &store[..])]
+        {
+            if dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > limit) {
+                return Err(invalid(format!("{name} of {dims:?} elements does not fit in memory")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -122,8 +167,11 @@ pub struct HostProblem<T> {
 }
 
 impl<T: Element> HostProblem<T> {
-    /// Random q/K/V in `[-1, 1)` and a page table over a random permutation of the pages.
-    pub fn random(spec: &ProblemSpec) -> Self {
+    /// Random q/K/V in `[-1, 1)` and a page table over a random permutation of the pages;
+    /// [`crate::Error::InvalidProblem`] for sizes no descriptor can express (a zero head count,
+    /// head_dim or page size, extents beyond `i32`, buffers beyond `isize::MAX` bytes).
+    pub fn random(spec: &ProblemSpec) -> Result<Self> {
+        spec.check(T::KIND)?;
         let mut rng = Rng::new(spec.seed);
         let ps = spec.page_size;
         let pages_per: Vec<usize> = spec.lens.iter().map(|&l| l.div_ceil(ps)).collect();
@@ -159,7 +207,7 @@ impl<T: Element> HostProblem<T> {
         let store = total_pages * spec.num_kv_heads * ps * spec.head_dim;
         let k_data = random_vec(&mut rng, store);
         let v_data = random_vec(&mut rng, store);
-        Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len }
+        Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len })
     }
 
     /// The page table borrowed from this problem.
@@ -167,15 +215,21 @@ impl<T: Element> HostProblem<T> {
         PageTable { indptr: &self.indptr, indices: &self.indices, last_page_len: &self.last_page_len }
     }
 
-    /// Float64 reference output of request `b` alone (`o`: `[Hq, D]`, `lse`: `[Hq]`).
+    /// Float64 reference output of request `b` alone (`o`: `[Hq, D]`, `lse`: `[Hq]`);
+    /// [`crate::Error::InvalidProblem`] when `b` or its rows lie outside the problem.
     pub fn reference_request(&self, b: usize) -> Result<crate::reference::DecodeOutput> {
-        let (start, stop) = (self.indptr[b] as usize, self.indptr[b + 1] as usize);
-        let row = self.spec.num_qo_heads * self.spec.head_dim;
+        let outside = || invalid(format!("request {b} lies outside this problem"));
+        let at = |i: usize| self.indptr.get(i).and_then(|&v| usize::try_from(v).ok());
+        let (start, stop) = (at(b).ok_or_else(outside)?, at(b + 1).ok_or_else(outside)?);
+        let row = self.spec.num_qo_heads.saturating_mul(self.spec.head_dim);
+        let q =
+            self.q.get(b.saturating_mul(row)..b.saturating_add(1).saturating_mul(row)).ok_or_else(outside)?;
+        let indices = self.indices.get(start..stop).ok_or_else(outside)?;
         let desc = BatchPagedDecodeDescriptor { batch_size: 1, ..self.desc };
-        let indptr = [0, (stop - start) as i32];
-        let last = [self.last_page_len[b]];
-        let table = PageTable { indptr: &indptr, indices: &self.indices[start..stop], last_page_len: &last };
-        crate::reference::decode(&desc, &self.q[b * row..(b + 1) * row], &self.k_data, &self.v_data, table)
+        let indptr = [0, indices.len() as i32];
+        let last = [*self.last_page_len.get(b).ok_or_else(outside)?];
+        let table = PageTable { indptr: &indptr, indices, last_page_len: &last };
+        crate::reference::decode(&desc, q, &self.k_data, &self.v_data, table)
     }
 
     /// Float64 reference output of every request.
@@ -217,6 +271,7 @@ impl<T: Element> DeviceProblem<T> {
     pub fn upload(stream: &Arc<CudaStream>, host: &HostProblem<T>, workspace_bytes: usize) -> Result<Self> {
         let kv = &host.desc.paged_kv;
         let (b, hq, d) = (host.desc.batch_size, host.desc.num_qo_heads, kv.head_dim);
+        let n = i32::try_from(host.indices.len()).map_err(|_| invalid("more than i32::MAX page ids"))?;
         // A zero-length slice has no device address; keep at least one element.
         let indices = if host.indices.is_empty() { vec![0] } else { host.indices.clone() };
         Ok(Self {
@@ -226,10 +281,10 @@ impl<T: Element> DeviceProblem<T> {
             indices: stream.clone_htod(&indices)?,
             indptr: stream.clone_htod(&host.indptr)?,
             last_page_len: stream.clone_htod(&host.last_page_len)?,
-            o: stream.alloc_zeros((b * hq * d) as usize)?,
-            lse: stream.alloc_zeros((b * hq) as usize)?,
+            o: stream.alloc_zeros(host.q.len())?,
+            lse: stream.alloc_zeros((b.max(0) as usize).saturating_mul(hq.max(0) as usize))?,
             workspace: stream.alloc_zeros(workspace_bytes.max(1))?,
-            shape: (b, hq, host.indices.len() as i32, [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d]),
+            shape: (b, hq, n, [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d]),
         })
     }
 
@@ -256,7 +311,7 @@ impl<T: Element> DeviceProblem<T> {
             k_data: TensorRef::new(self.k_data.slice(..), store),
             v_data: TensorRef::new(self.v_data.slice(..), store),
             indices: TensorRef::new(self.indices.slice(..), [n]),
-            indptr: TensorRef::new(self.indptr.slice(..), [b + 1]),
+            indptr: TensorRef::new(self.indptr.slice(..), [b.saturating_add(1)]),
             last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
             o: TensorMut::new(self.o.slice_mut(..), [b, hq, d]),
             lse: TensorMut::new(self.lse.slice_mut(..), [b, hq]),
@@ -278,23 +333,25 @@ impl<T: Element> DeviceProblem<T> {
             k_data: TensorMut::new(self.k_data.slice_mut(..), store),
             v_data: TensorMut::new(self.v_data.slice_mut(..), store),
             indices: TensorRef::new(self.indices.slice(..), [n]),
-            indptr: TensorRef::new(self.indptr.slice(..), [b + 1]),
+            indptr: TensorRef::new(self.indptr.slice(..), [b.saturating_add(1)]),
             last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
         }
     }
 }
 
 /// Relative L2 error `‖out − ref‖ / ‖ref‖` (NaN in `out` gives NaN; a zero reference compares
-/// absolutely).
+/// absolutely; `out` of another length than `reference` gives NaN, which no tolerance passes).
 pub fn rel_l2(out: impl IntoIterator<Item = f64>, reference: &[f64]) -> f64 {
     let (mut num, mut den) = (0f64, 0f64);
-    let mut n = 0;
-    for (o, r) in out.into_iter().zip(reference) {
+    let mut out = out.into_iter();
+    for r in reference {
+        let Some(o) = out.next() else { return f64::NAN };
         num += (o - r) * (o - r);
         den += r * r;
-        n += 1;
     }
-    debug_assert_eq!(n, reference.len());
+    if out.next().is_some() {
+        return f64::NAN;
+    }
     if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
 }
 

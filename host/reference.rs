@@ -10,11 +10,10 @@
 //! descriptor, the slice lengths and the page table first and return a typed error instead of
 //! panicking on inconsistent input.
 
-use std::collections::HashMap;
 use std::f64::consts::LN_2;
 
 use crate::error::{Error, Result};
-use crate::page_table::{PageTableRules, validate_page_table};
+use crate::page_table::{PageTableRules, append_slots, validate_page_table};
 use crate::types::{BatchPagedDecodeDescriptor, Element, PagedKvAppendDescriptor, PagedKvCacheDescriptor};
 
 /// A borrowed page table in CSR form.
@@ -36,16 +35,19 @@ impl PageTable<'_> {
     /// `(pages - 1) * page_size + last_page_len[b]`.
     ///
     /// Out-of-contract values are read the way the kernels read them: a negative page count
-    /// counts as 0 and `last_page_len[b]` is clamped into `[0, page_size]`.
-    ///
-    /// # Panics
-    /// If `b + 1 >= indptr.len()` or `b >= last_page_len.len()`.
+    /// counts as 0 and `last_page_len[b]` is clamped into `[0, page_size]`. A request the
+    /// arrays do not hold (`b + 1 >= indptr.len()` or `b >= last_page_len.len()`) has 0 tokens.
     pub fn request_len(&self, b: usize, page_size: usize) -> usize {
-        let pages = (i64::from(self.indptr[b + 1]) - i64::from(self.indptr[b])).max(0) as usize;
+        let (Some(&start), Some(&stop), Some(&last)) =
+            (self.indptr.get(b), self.indptr.get(b.saturating_add(1)), self.last_page_len.get(b))
+        else {
+            return 0;
+        };
+        let pages = (i64::from(stop) - i64::from(start)).max(0) as usize;
         if pages == 0 {
             return 0;
         }
-        let last = (self.last_page_len[b].max(0) as usize).min(page_size);
+        let last = (last.max(0) as usize).min(page_size);
         (pages - 1).saturating_mul(page_size).saturating_add(last)
     }
 }
@@ -242,12 +244,13 @@ pub fn decode<T: Element>(
 /// Requirements, reported as [`Error::InvalidProblem`]: `paged_kv.element == T::KIND`,
 /// `batch_size ≥ 0`, `num_kv_heads`, `head_dim`, `page_size ≥ 1`, `num_total_pages ≥ 0`,
 /// `key.len() == value.len() == batch · num_kv_heads · head_dim` and the store lengths of
-/// [`decode`]. The page table must pass [`validate_page_table`] with shared pages allowed, and
-/// additionally, reported as [`Error::InvalidPageTable`]: every request owns at least one page,
-/// has `last_page_len[b] ≥ 1`, and no two requests write the same slot of the same page.
+/// [`decode`]. The page table must pass [`validate_append_table`](crate::page_table::validate_append_table)
+/// (reported as [`Error::InvalidPageTable`]): every request owns at least one page, has
+/// `last_page_len[b] ≥ 1`, and no two requests write the same slot of the same page.
 ///
-/// The GPU kernel does not fail on a request with no page or with `last_page_len` outside
-/// `[1, page_size]`: it skips it. This reference rejects such a table instead.
+/// The unchecked GPU kernel does not fail on such a table: it skips a request with no page or
+/// with `last_page_len` outside `[1, page_size]`, and two requests sharing a slot race for it.
+/// This reference, like the checked plan, rejects it instead.
 ///
 /// All checks run before anything is written, so on error `k_data` and `v_data` are unchanged.
 pub fn append<T: Element>(
@@ -265,36 +268,10 @@ pub fn append<T: Element>(
     let shape = "[batch_size, num_kv_heads, head_dim]";
     check_len("key", key.len(), token_len, shape)?;
     check_len("value", value.len(), token_len, shape)?;
-    validate_page_table(&desc.paged_kv, batch, table, PageTableRules { allow_shared_pages: true })?;
-
-    let mut targets = Vec::with_capacity(batch);
-    let mut writers: HashMap<(usize, usize), usize> = HashMap::with_capacity(batch);
-    for b in 0..batch {
-        let (start, stop) = (table.indptr[b], table.indptr[b + 1]);
-        if stop == start {
-            return Err(Error::InvalidPageTable(format!(
-                "request {b} owns no page (indptr[{b}] = indptr[{}] = {start}); \
-                 allocate its page before appending",
-                b + 1
-            )));
-        }
-        let last = table.last_page_len[b];
-        if last < 1 {
-            return Err(Error::InvalidPageTable(format!(
-                "last_page_len[{b}] = {last} must be at least 1 when appending (request {b}); \
-                 increment it for the new token before appending"
-            )));
-        }
-        let pos = stop as usize - 1;
-        let (page, slot) = (table.indices[pos] as usize, last as usize - 1);
-        if let Some(a) = writers.insert((page, slot), b) {
-            return Err(Error::InvalidPageTable(format!(
-                "indices[{pos}] = {page} (request {b}): requests {a} and {b} both append to slot {slot} \
-                 of page {page}"
-            )));
-        }
-        targets.push(g.row(page, 0, slot));
-    }
+    let targets: Vec<usize> = append_slots(&desc.paged_kv, batch, table)?
+        .into_iter()
+        .map(|(page, slot)| g.row(page, 0, slot))
+        .collect();
     let head_stride = g.page_size * d;
     for (b, &base) in targets.iter().enumerate() {
         for h in 0..g.kv_heads {

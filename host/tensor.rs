@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut, DeviceSlice};
 
 /// Shape and strides of a tensor plus the number of elements its storage holds.
 ///
@@ -75,6 +75,10 @@ impl<'a, T, const N: usize> TensorRef<'a, T, N> {
     pub fn layout(&self) -> TensorLayout<N> {
         TensorLayout { shape: self.shape, stride: self.stride, storage_len: self.data.len() }
     }
+    /// The CUDA context the viewed memory was allocated in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.data.stream().context()
+    }
 }
 
 impl<'a, T, const N: usize> TensorMut<'a, T, N> {
@@ -93,6 +97,10 @@ impl<'a, T, const N: usize> TensorMut<'a, T, N> {
     /// Shape, strides and storage length of this view, without the data.
     pub fn layout(&self) -> TensorLayout<N> {
         TensorLayout { shape: self.shape, stride: self.stride, storage_len: self.data.len() }
+    }
+    /// The CUDA context the viewed memory was allocated in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.data.stream().context()
     }
 }
 
@@ -184,5 +192,10 @@ impl<'a> Workspace<'a> {
     /// The bytes, mutably.
     pub(crate) fn bytes_mut(&mut self) -> Option<&mut CudaViewMut<'a, u8>> {
         self.bytes.as_mut()
+    }
+
+    /// The CUDA context the workspace was allocated in (`None` without a workspace).
+    pub fn context(&self) -> Option<&Arc<CudaContext>> {
+        self.bytes.as_ref().map(|v| v.stream().context())
     }
 }

@@ -13,16 +13,35 @@ use paged_decode::{
     PagedKvAppendPlan, PlanPreference, Workspace,
 };
 
+/// GPU 0 with cudarc's event tracking on (the safe default), or `None` (and a skip line) without
+/// a driver.
 fn device(test: &str) -> Option<Device> {
-    match Device::open(0) {
+    opened(test, Device::open(0))
+}
+
+/// GPU 0 with event tracking off, for tests that capture graphs.
+///
+/// Callers issue all work on `Device::stream` and drop every graph before the buffers it uses.
+fn capture_device(test: &str) -> Option<Device> {
+    // SAFETY: the callers' contract above: one stream orders every use and free of the slices,
+    // and captured graphs do not outlive their buffers.
+    opened(test, unsafe { Device::open_untracked(0) })
+}
+
+fn opened(test: &str, device: paged_decode::Result<Device>) -> Option<Device> {
+    match device {
         Ok(d) => Some(d),
         Err(Error::NoDevice) => {
-            // Written to the process's stderr directly so the test harness does not capture it.
-            let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: no CUDA driver on this machine");
+            skipped(test, "no CUDA driver on this machine");
             None
         }
         Err(e) => panic!("{test}: opening the GPU failed: {e}"),
     }
+}
+
+fn skipped(test: &str, why: &str) {
+    // Written to the process's stderr directly so the test harness does not capture it.
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
 /// Runs the plan with NaN-poisoned outputs and returns (o, lse).
@@ -113,7 +132,7 @@ enum Prepared {
 
 fn prepare(kind: ElementKind, spec: &ProblemSpec) -> Prepared {
     fn with<T: Element>(spec: &ProblemSpec) -> (HostProblem<T>, DecodeOutput) {
-        let host = HostProblem::<T>::random(spec);
+        let host = HostProblem::<T>::random(spec).unwrap();
         let r = host.reference().unwrap();
         (host, r)
     }
@@ -349,7 +368,7 @@ fn decode_edge_cases() {
 #[test]
 fn decode_deterministic_and_graph_replay() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let Some(dev) = device("decode_deterministic_and_graph_replay") else { return };
+    let Some(dev) = capture_device("decode_deterministic_and_graph_replay") else { return };
     let ragged =
         ProblemSpec { lens: vec![3000, 10, 0, 1200, 1], ..ProblemSpec::uniform(5, 0, 32, 8, 128, 16) };
     // The one-request case launches only the chunks its page table can fill.
@@ -359,7 +378,7 @@ fn decode_deterministic_and_graph_replay() {
         ragged,
         ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
     ] {
-        let host = HostProblem::<f16>::random(&spec);
+        let host = HostProblem::<f16>::random(&spec).unwrap();
         let plan =
             BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
         let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
@@ -402,7 +421,7 @@ fn decode_deterministic_and_graph_replay() {
 #[test]
 fn chained_decodes_see_the_previous_kernels_output() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let Some(dev) = device("chained_decodes_see_the_previous_kernels_output") else { return };
+    let Some(dev) = capture_device("chained_decodes_see_the_previous_kernels_output") else { return };
     let s = &dev.stream;
     // One request: a grid of only the chunks its page table can fill.
     for (i, spec) in [
@@ -413,8 +432,9 @@ fn chained_decodes_see_the_previous_kernels_output() {
     .into_iter()
     .enumerate()
     {
-        let first = HostProblem::<f16>::random(&spec);
-        let second = HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() });
+        let first = HostProblem::<f16>::random(&spec).unwrap();
+        let second =
+            HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() }).unwrap();
         for programmatic_launch in [false, true] {
             let pref = PlanPreference { programmatic_launch, ..PlanPreference::default() };
             let plan = BatchPagedDecodePlan::<f16>::select(s, &first.desc, pref).unwrap();
@@ -480,7 +500,7 @@ fn append_matches_reference_and_touches_nothing_else() {
         let lens: Vec<usize> =
             (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
         let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
-        let host = HostProblem::<T>::random(&spec);
+        let host = HostProblem::<T>::random(&spec).unwrap();
         let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
         let row = 7 * 4 * d;
         let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
@@ -525,7 +545,7 @@ fn append_matches_reference_and_touches_nothing_else() {
 fn checked_mode_reports_bad_page_tables() {
     let Some(dev) = device("checked_mode_reports_bad_page_tables") else { return };
     let spec = ProblemSpec::uniform(4, 100, 8, 2, 128, 16);
-    let good = HostProblem::<f16>::random(&spec);
+    let good = HostProblem::<f16>::random(&spec).unwrap();
     let pages = good.desc.paged_kv.num_total_pages;
     let checked = PlanPreference { checked: true, ..PlanPreference::default() };
     let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &good.desc, checked).unwrap();
@@ -577,7 +597,7 @@ fn checked_mode_reports_bad_page_tables() {
 #[test]
 fn workspace_too_small_is_reported() {
     let Some(dev) = device("workspace_too_small_is_reported") else { return };
-    let host = HostProblem::<f16>::random(&ProblemSpec::uniform(1, 4000, 32, 8, 128, 16));
+    let host = HostProblem::<f16>::random(&ProblemSpec::uniform(1, 4000, 32, 8, 128, 16)).unwrap();
     let plan =
         BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
     assert!(plan.workspace_size() > 0, "a single long request should be split");
@@ -598,9 +618,9 @@ fn split_state_lives_in_the_workspace() {
     use cudarc::driver::CudaStream;
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use std::sync::Arc;
-    let Some(dev) = device("split_state_lives_in_the_workspace") else { return };
+    let Some(dev) = capture_device("split_state_lives_in_the_workspace") else { return };
     let spec = ProblemSpec { seed: 77, ..ProblemSpec::uniform(2, 3000, 32, 8, 128, 16) };
-    let host = HostProblem::<f16>::random(&spec);
+    let host = HostProblem::<f16>::random(&spec).unwrap();
     let reference = host.reference().unwrap();
     let select = |s: &Arc<CudaStream>, spare| {
         let pref = PlanPreference { spare_chunks: spare, ..PlanPreference::default() };
@@ -656,7 +676,8 @@ fn split_state_lives_in_the_workspace() {
     let one = HostProblem::<f16>::random(&ProblemSpec {
         seed: 78,
         ..ProblemSpec::uniform(40, 300, 32, 8, 128, 16)
-    });
+    })
+    .unwrap();
     let single =
         BatchPagedDecodePlan::<f16>::select(&dev.stream, &one.desc, PlanPreference::default()).unwrap();
     assert!(single.config().is_split() && single.workspace_size() <= ws.len());
@@ -670,4 +691,240 @@ fn split_state_lives_in_the_workspace() {
     single.run(&dev.stream, &mut ws, &mut args).unwrap();
     let (o, lse) = (dev.stream.clone_dtoh(&one_buf.o).unwrap(), dev.stream.clone_dtoh(&one_buf.lse).unwrap());
     check("re-zeroed workspace, batch 40", &one.spec, &o, &lse, &one.reference().unwrap());
+}
+
+/// A plan launches only on its own context's streams, with tensors and workspace of that context:
+/// anything else is `WrongDevice` before the stream is touched, and the context stays usable.
+/// Another context on the same GPU (a non-primary one) stands in for another device.
+#[test]
+fn run_refuses_tensors_of_another_context() {
+    let Some(dev) = device("run_refuses_tensors_of_another_context") else { return };
+    let other_ctx = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+    let other = Device { stream: other_ctx.new_stream().unwrap(), ctx: other_ctx };
+    refuses_foreign_operands(&dev, &other);
+}
+
+/// As above across two GPUs: a device-1 plan on device 1's stream with device-0 tensors.
+#[test]
+fn run_refuses_tensors_of_another_gpu() {
+    let test = "run_refuses_tensors_of_another_gpu";
+    let Some(dev0) = device(test) else { return };
+    if cudarc::driver::CudaContext::device_count().unwrap() < 2 {
+        return skipped(test, "fewer than two GPUs");
+    }
+    let dev1 = Device::open(1).unwrap();
+    refuses_foreign_operands(&dev1, &dev0);
+}
+
+/// Runs `dev`'s plans with operands from `other`, one at a time, expecting `WrongDevice` naming
+/// each; then checks a correct run on `dev` still matches the reference.
+fn refuses_foreign_operands(dev: &Device, other: &Device) {
+    use paged_decode::{TensorMut, TensorRef};
+    let spec = ProblemSpec::uniform(3, 700, 16, 4, 128, 16);
+    let host = HostProblem::<f16>::random(&spec).unwrap();
+    let (s, foreign) = (&dev.stream, &other.stream);
+    let wrong = |r: paged_decode::Result<()>, operand: &str| match r {
+        Err(Error::WrongDevice { operand: o, expected, found }) => {
+            assert_eq!(o, operand);
+            assert_eq!((expected, found), (dev.ctx.ordinal(), other.ctx.ordinal()));
+        }
+        other => panic!("{operand} of another context: expected WrongDevice, got {other:?}"),
+    };
+    for checked in [false, true] {
+        let pref = PlanPreference { checked, ..PlanPreference::default() };
+        let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, pref).unwrap();
+        let mut mine = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+        let mut theirs = DeviceProblem::upload(foreign, &host, plan.workspace_size()).unwrap();
+        // Every operand of the other context.
+        {
+            let (mut args, mut ws) = theirs.args_and_workspace();
+            wrong(plan.run(s, &mut ws, &mut args), "q");
+            // The plan's own context on the other stream.
+            wrong(plan.run(foreign, &mut ws, &mut args), "stream");
+        }
+        // One operand at a time.
+        let store = [host.desc.paged_kv.num_total_pages, 4, 16, 128];
+        let (b, hq) = (3, 16);
+        for operand in ["k_data", "indptr", "lse", "workspace"] {
+            let (mut args, mut ws) = mine.args_and_workspace();
+            match operand {
+                "k_data" => args.k_data = TensorRef::new(theirs.k_data.slice(..), store),
+                "indptr" => args.indptr = TensorRef::new(theirs.indptr.slice(..), [b + 1]),
+                "lse" => args.lse = TensorMut::new(theirs.lse.slice_mut(..), [b, hq]),
+                _ => ws = Workspace::zeroed(foreign, theirs.workspace.slice_mut(..)).unwrap(),
+            }
+            if operand == "workspace" && plan.workspace_size() == 0 {
+                continue;
+            }
+            wrong(plan.run(s, &mut ws, &mut args), operand);
+        }
+        if checked {
+            let args = theirs.args();
+            wrong(plan.check_page_table(s, &args), "q");
+        }
+        // The context is intact: a correct run matches the reference.
+        let (o, lse) = run_decode(dev, &plan, &mut mine);
+        check("after refused runs", &spec, &o, &lse, &host.reference().unwrap());
+    }
+    // Append: a plan of `dev` writing a store of `other`.
+    let desc = PagedKvAppendDescriptor { batch_size: 3, paged_kv: host.desc.paged_kv };
+    let plan = PagedKvAppendPlan::<f16>::select(s, &desc, PlanPreference::default()).unwrap();
+    let mut theirs = DeviceProblem::upload(foreign, &host, 0).unwrap();
+    let token = foreign.clone_htod(&vec![f16::ONE; 3 * 4 * 128]).unwrap();
+    let mut args = theirs.append_args(&token, &token);
+    wrong(plan.run(s, &mut Workspace::none(), &mut args), "key");
+    s.synchronize().unwrap();
+    foreign.synchronize().unwrap();
+    println!(
+        "operands of another context refused (ordinal {} vs {})",
+        dev.ctx.ordinal(),
+        other.ctx.ordinal()
+    );
+}
+
+/// A checked `run` or `check_page_table` on a capturing stream says so, before touching the
+/// stream; the capture then ends cleanly and checked runs work again.
+#[test]
+fn checked_run_under_capture_is_refused() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(dev) = capture_device("checked_run_under_capture_is_refused") else { return };
+    let s = &dev.stream;
+    let host = HostProblem::<f16>::random(&ProblemSpec::uniform(2, 300, 8, 2, 128, 16)).unwrap();
+    let checked = PlanPreference { checked: true, ..PlanPreference::default() };
+    let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, checked).unwrap();
+    let desc = PagedKvAppendDescriptor { batch_size: 2, paged_kv: host.desc.paged_kv };
+    let append = PagedKvAppendPlan::<f16>::select(s, &desc, checked).unwrap();
+    let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+    let token = s.clone_htod(&vec![f16::ONE; 2 * 2 * 128]).unwrap();
+    s.synchronize().unwrap();
+    let refused = |r: paged_decode::Result<()>, what: &str| {
+        assert!(matches!(r, Err(Error::CheckedUnderCapture)), "{what} under capture: {r:?}");
+    };
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    // One node of our own, so the graph is not empty.
+    s.memset_zeros(&mut buf.lse).unwrap();
+    {
+        let (mut args, mut ws) = buf.args_and_workspace();
+        refused(plan.run(s, &mut ws, &mut args), "checked decode run");
+        refused(plan.check_page_table(s, &args), "check_page_table");
+    }
+    {
+        let mut args = buf.append_args(&token, &token);
+        refused(append.run(s, &mut Workspace::none(), &mut args), "checked append run");
+        refused(append.check_page_table(s, &args), "append check_page_table");
+    }
+    // The capture was not invalidated, and the refused runs recorded nothing.
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("the memset was captured");
+    let mut nodes = 0usize;
+    // SAFETY: `graph` owns a live graph; a null node array asks for the count alone.
+    unsafe { cudarc::driver::sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
+        .result()
+        .unwrap();
+    assert_eq!(nodes, 1, "the refused runs recorded work");
+    drop(graph);
+    let (o, lse) = run_decode(&dev, &plan, &mut buf);
+    check("checked run after capture", &host.spec, &o, &lse, &host.reference().unwrap());
+    println!("checked decode and append runs under capture: CheckedUnderCapture");
+}
+
+/// With `checked: true` the append plan rejects every table its contract forbids (a request with
+/// no page, `last_page_len == 0` on a request with pages, two requests appending to one slot)
+/// and writes nothing; the unchecked plan runs on them without faulting.
+#[test]
+fn checked_append_rejects_tables_that_lose_tokens() {
+    let Some(dev) = device("checked_append_rejects_tables_that_lose_tokens") else { return };
+    let s = &dev.stream;
+    // Lengths after the caller advanced the table for the new token (≥ 1).
+    let spec =
+        ProblemSpec { lens: vec![17, 5, 32, 9], spare_pages: 4, ..ProblemSpec::uniform(4, 0, 8, 2, 64, 16) };
+    let good = HostProblem::<f16>::random(&spec).unwrap();
+    let desc = PagedKvAppendDescriptor { batch_size: 4, paged_kv: good.desc.paged_kv };
+    let checked = PlanPreference { checked: true, ..PlanPreference::default() };
+    let plan = PagedKvAppendPlan::<f16>::select(s, &desc, checked).unwrap();
+    let fast = PagedKvAppendPlan::<f16>::select(s, &desc, PlanPreference::default()).unwrap();
+    let mut rng = Rng::new(7);
+    let token: Vec<f16> = (0..4 * 2 * 64).map(|_| f16::from_f64(rng.symmetric())).collect();
+    let token_d = s.clone_htod(&token).unwrap();
+    let last_page = |h: &HostProblem<f16>, b: usize| h.indptr[b + 1] as usize - 1;
+    let mut corruptions: Vec<(&str, &str, HostProblem<f16>)> = Vec::new();
+    let mut h = good.clone();
+    h.indptr[2] = h.indptr[1]; // request 1 owns no page; request 2 takes its pages
+    corruptions.push(("request without a page", "request 1 owns no page", h));
+    let mut h = good.clone();
+    h.last_page_len[3] = 0;
+    corruptions.push(("uncounted token", "last_page_len[3] = 0", h));
+    let mut h = good.clone();
+    let (p0, p2) = (last_page(&h, 0), last_page(&h, 2));
+    h.indices[p2] = h.indices[p0];
+    h.last_page_len[2] = h.last_page_len[0];
+    corruptions.push(("two requests, one slot", "requests 0 and 2 both append to slot", h));
+    for (name, part, bad) in &corruptions {
+        let err = paged_decode::page_table::validate_append_table(&desc.paged_kv, 4, bad.page_table());
+        assert!(
+            matches!(&err, Err(Error::InvalidPageTable(m)) if m.contains(part)),
+            "{name}: host check {err:?}"
+        );
+        let mut buf = DeviceProblem::upload(s, bad, 0).unwrap();
+        {
+            let mut args = buf.append_args(&token_d, &token_d);
+            match plan.run(s, &mut Workspace::none(), &mut args) {
+                Err(Error::InvalidPageTable(msg)) => {
+                    assert!(msg.contains(part), "{name}: {msg:?} does not mention {part:?}");
+                    println!("{name}: {msg}");
+                }
+                other => panic!("{name}: expected InvalidPageTable, got {other:?}"),
+            }
+        }
+        assert_eq!(checksum(&s.clone_dtoh(&buf.k_data).unwrap()), checksum(&bad.k_data), "{name}: K written");
+        assert_eq!(checksum(&s.clone_dtoh(&buf.v_data).unwrap()), checksum(&bad.v_data), "{name}: V written");
+        // Unchecked: stays inside the store (the tokens are dropped or race).
+        let mut args = buf.append_args(&token_d, &token_d);
+        fast.run(s, &mut Workspace::none(), &mut args).unwrap();
+        s.synchronize().unwrap();
+    }
+    // A valid table passes the check and matches the reference.
+    let (mut k_ref, mut v_ref) = (good.k_data.clone(), good.v_data.clone());
+    paged_decode::reference::append(&desc, &token, &token, &mut k_ref, &mut v_ref, good.page_table())
+        .unwrap();
+    let mut buf = DeviceProblem::upload(s, &good, 0).unwrap();
+    {
+        let mut args = buf.append_args(&token_d, &token_d);
+        plan.run(s, &mut Workspace::none(), &mut args).unwrap();
+    }
+    assert_eq!(checksum(&s.clone_dtoh(&buf.k_data).unwrap()), checksum(&k_ref));
+    assert_eq!(checksum(&s.clone_dtoh(&buf.v_data).unwrap()), checksum(&v_ref));
+}
+
+/// `Device::open` keeps cudarc's event tracking on, so a decode on a second stream that reads
+/// the output of decodes still running on the first one as its queries waits for them.
+#[test]
+fn tracked_device_orders_runs_across_streams() {
+    let Some(dev) = device("tracked_device_orders_runs_across_streams") else { return };
+    assert!(dev.is_event_tracking());
+    let (a_stream, b_stream) = (&dev.stream, &dev.ctx.new_stream().unwrap());
+    // Long enough that the first stream is still busy when the second one launches.
+    let spec = ProblemSpec::uniform(16, 4096, 32, 8, 128, 16);
+    let first = HostProblem::<f16>::random(&spec).unwrap();
+    let second = HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() }).unwrap();
+    let unsplit = PlanPreference { num_splits: Some(1), spare_chunks: Some(0), ..PlanPreference::default() };
+    let plan = BatchPagedDecodePlan::<f16>::select(a_stream, &first.desc, unsplit).unwrap();
+    assert_eq!(plan.workspace_size(), 0);
+    let mut a = DeviceProblem::upload(a_stream, &first, 0).unwrap();
+    let mut b = DeviceProblem::upload(b_stream, &second, 0).unwrap();
+    // The queries stream B reads: stream A's output, computed alone first.
+    let mut fed = second.clone();
+    fed.q = run_decode(&dev, &plan, &mut a).0;
+    let want = fed.reference().unwrap();
+    for round in 0..5 {
+        a_stream.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
+        for _ in 0..8 {
+            let (mut args, mut ws) = a.args_and_workspace();
+            plan.run(a_stream, &mut ws, &mut args).unwrap();
+        }
+        let (mut args, mut ws) = b.args_and_workspace_with_q(Some(a.o.slice(..)));
+        plan.run(b_stream, &mut ws, &mut args).unwrap();
+        let (o, lse) = (b_stream.clone_dtoh(&b.o).unwrap(), b_stream.clone_dtoh(&b.lse).unwrap());
+        check(&format!("round {round}: decode on stream B of stream A's output"), &spec, &o, &lse, &want);
+    }
+    println!("stream B waited for stream A's writes of its queries in 5 rounds");
 }

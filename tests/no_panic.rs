@@ -1,15 +1,19 @@
-//! Property tests: host-side validation, configuration and the CPU reference return `Ok` or a
-//! typed error on arbitrary input, and never panic.
+//! Property tests: every public function that runs without a GPU (validation, configuration,
+//! the CPU reference, page-table checks, layouts, PTX helpers, problem generation and the
+//! benchmark's plotting) returns `Ok` or a typed error on arbitrary input, and never panics.
 
 use half::{bf16, f16};
+use paged_decode::bench::{BenchRow, Shape};
 use paged_decode::device::DeviceProps;
-use paged_decode::page_table::{PageTableRules, validate_page_table};
-use paged_decode::plan::{DecodeConfig, MAX_SPLITS};
+use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
+use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
+use paged_decode::problem::{HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 use paged_decode::reference::{self, PageTable};
+use paged_decode::tensor::row_major_strides;
 use paged_decode::{
     BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Element, ElementKind,
     Error, PagedKvAppendArgsLayout, PagedKvAppendDescriptor, PagedKvAppendPlan, PagedKvCacheDescriptor,
-    Result, TensorLayout,
+    PlanPreference, Result, TensorLayout, ptx,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -491,8 +495,191 @@ fn reference_append<T: Element>(c: &RefCase) -> std::result::Result<(), TestCase
     Ok(())
 }
 
+/// Any launch configuration, including ones no rule produces (the fields are public).
+fn decode_config() -> BoxedStrategy<DecodeConfig> {
+    let n = || prop_oneof![0..=70u32, any::<u32>(), Just(u32::MAX)];
+    ((any::<bool>(), n(), n(), n(), n(), n()), (n(), any::<bool>(), n(), n(), n()))
+        .prop_map(
+            |(
+                (mma, head_blocks, q_tiles, smem_bytes, num_splits, spare_chunks),
+                (balance_items, heads_along_x, min_chunk, preferred_chunk, wave_ctas),
+            )| DecodeConfig {
+                kernel: if mma { DecodeKernel::Mma } else { DecodeKernel::Simt },
+                head_blocks,
+                q_tiles,
+                smem_bytes,
+                num_splits,
+                spare_chunks,
+                balance_items,
+                heads_along_x,
+                min_chunk,
+                preferred_chunk,
+                wave_ctas,
+                // Any lean launch too (the rule only makes ones the device holds).
+                lean: (mma && num_splits % 2 == 0).then_some(LeanLaunch { head_blocks, smem_bytes }),
+            },
+        )
+        .boxed()
+}
+
+fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_indices: usize) {
+    let _ = cfg.num_chunks(desc);
+    let _ = cfg.launched_chunks(desc, num_indices);
+    let ws = cfg.workspace_size(desc);
+    assert!(cfg.is_split() || ws == 0);
+    for n in [0, 1, 7, u32::MAX] {
+        let r = cfg.with_spare_chunks(desc, n);
+        assert!(matches!(r, Ok(_) | Err(Error::Unsupported(_))), "{r:?}");
+        let r = cfg.with_num_splits(desc, n);
+        assert!(matches!(r, Ok(_) | Err(Error::Unsupported(_))), "{r:?}");
+    }
+}
+
+/// Sizes for [`HostProblem::random`]: small and valid, or with a degenerate extent.
+fn problem_spec() -> BoxedStrategy<ProblemSpec> {
+    let small = |hi: usize| prop_oneof![8 => 1..=hi, 1 => Just(0usize), 1 => Just(usize::MAX), 1 => Just(1usize << 31)];
+    (
+        prop::collection::vec(prop_oneof![8 => 0..=40usize, 1 => Just(usize::MAX)], 0..=4),
+        (small(4), small(2), small(16), small(8)),
+        (prop_oneof![0..=3usize, Just(usize::MAX)], prop_oneof![0..=3usize, Just(usize::MAX)], any::<u64>()),
+    )
+        .prop_map(|(lens, (hq, hkv, d, page), (spare_pages, indices_slack, seed))| ProblemSpec {
+            lens,
+            spare_pages,
+            indices_slack,
+            seed,
+            ..ProblemSpec::uniform(0, 0, hq, hkv, d, page)
+        })
+        .boxed()
+}
+
+fn host_problem_case<T: Element>(spec: &ProblemSpec) -> std::result::Result<(), TestCaseError> {
+    let _ = spec.kv_bytes(T::KIND);
+    match HostProblem::<T>::random(spec) {
+        Ok(h) => {
+            for b in [0, 1, spec.batch(), usize::MAX] {
+                let r = h.reference_request(b);
+                prop_assert!(matches!(r, Ok(_) | Err(Error::InvalidProblem(_))), "{r:?}");
+                prop_assert_eq!(
+                    r.is_ok(),
+                    b < spec.batch() && spec.num_qo_heads.is_multiple_of(spec.num_kv_heads)
+                );
+            }
+            let r = h.reference();
+            prop_assert!(matches!(r, Ok(_) | Err(Error::InvalidProblem(_))), "{r:?}");
+            let r = validate_page_table(
+                &h.desc.paged_kv,
+                spec.batch(),
+                h.page_table(),
+                PageTableRules::default(),
+            );
+            prop_assert!(r.is_ok(), "random problems have valid page tables: {r:?}");
+        }
+        Err(Error::InvalidProblem(_)) => {}
+        Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    /// `choose` is public: any descriptor, also one `select` rejects, gets a configuration or a
+    /// typed error.
+    #[test]
+    fn choose_never_panics(desc in decode_desc(), props in device_props(), max_ws in workspace_limit()) {
+        let r = DecodeConfig::choose(&desc, &props, max_ws);
+        prop_assert!(is_typed_rejection(&r), "{r:?}");
+        if r.is_ok() {
+            prop_assert!(BatchPagedDecodePlan::<f16>::check_descriptor(&desc).is_ok()
+                || BatchPagedDecodePlan::<bf16>::check_descriptor(&desc).is_ok()
+                || BatchPagedDecodePlan::<f32>::check_descriptor(&desc).is_ok());
+        }
+    }
+
+    /// Every public method of a launch configuration, on any configuration and descriptor.
+    #[test]
+    fn decode_config_methods_never_panic(
+        cfg in decode_config(),
+        desc in decode_desc(),
+        num_indices in prop_oneof![0..=5000usize, any::<usize>(), Just(usize::MAX)],
+    ) {
+        decode_config_case(cfg, &desc, num_indices);
+    }
+
+    #[test]
+    fn append_table_validation_never_panics(
+        kv in kv_desc(),
+        batch in 0..6usize,
+        (indptr, indices, last) in (small_ints(7), small_ints(10), small_ints(6)),
+    ) {
+        let table = PageTable { indptr: &indptr, indices: &indices, last_page_len: &last };
+        let r = validate_append_table(&kv, batch, table);
+        let typed = matches!(r, Ok(()) | Err(Error::InvalidPageTable(_) | Error::InvalidProblem(_)));
+        prop_assert!(typed, "{r:?}");
+        // The append contract is the decode contract (shared pages allowed) and more.
+        if r.is_ok() {
+            let shared = PageTableRules { allow_shared_pages: true };
+            prop_assert!(validate_page_table(&kv, batch, table, shared).is_ok());
+        }
+        for b in [0, batch, usize::MAX] {
+            let _ = table.request_len(b, kv.page_size.max(0) as usize);
+        }
+    }
+
+    #[test]
+    fn layouts_and_strides_never_panic(t3 in layout::<3>(), t4 in layout::<4>()) {
+        let _ = (t3.numel(), t3.is_contiguous(), t4.numel(), t4.is_contiguous());
+        let _ = (row_major_strides(t3.shape), row_major_strides(t4.shape));
+    }
+
+    #[test]
+    fn ptx_helpers_never_panic(text in ".{0,200}", cc in (any::<u32>(), any::<u32>())) {
+        let ptx_text = format!(".visible .entry {text}\n{text}\n.visible .entry ");
+        let _ = ptx::entries(&ptx_text);
+        let _ = ptx::entries(&text);
+        let _ = (ptx::build_for(cc), ptx::supports_programmatic_launch(cc));
+        prop_assert!(!ptx::for_compute_capability(cc).is_empty());
+    }
+
+    #[test]
+    fn problem_generation_never_panics(spec in problem_spec()) {
+        host_problem_case::<f16>(&spec)?;
+        host_problem_case::<f32>(&spec)?;
+    }
+
+    #[test]
+    fn rng_and_error_measures_never_panic(
+        seed in any::<u64>(),
+        n in any::<u64>(),
+        out in prop::collection::vec(any::<f64>(), 0..6),
+        reference in prop::collection::vec(any::<f64>(), 0..6),
+        element in element(),
+    ) {
+        let mut rng = Rng::new(seed);
+        prop_assert!(n == 0 || rng.below(n) < n);
+        let x = rng.symmetric();
+        prop_assert!((-1.0..1.0).contains(&x));
+        let mut v: Vec<u8> = (0..(n % 20) as u8).collect();
+        rng.shuffle(&mut v);
+        let err = rel_l2(out.iter().copied(), &reference);
+        prop_assert!(out.len() == reference.len() || err.is_nan());
+        let _ = tolerances(element);
+        let _ = element.size_bytes();
+    }
+
+    #[test]
+    fn shape_rows_never_panic(
+        batch in prop::option::of(0..5usize),
+        kv_len in prop::option::of(any::<usize>()),
+        lens in prop::option::of(prop::collection::vec(any::<usize>(), 0..5)),
+        (hq, hkv, d, page) in (any::<usize>(), any::<usize>(), any::<usize>(), any::<usize>()),
+    ) {
+        let shape = Shape { name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into() };
+        let spec = shape.spec();
+        prop_assert_eq!(spec.batch(), shape.lens.as_ref().map_or(batch.unwrap_or(0), |l| l.len()));
+        let _ = spec.kv_bytes(ElementKind::BF16);
+    }
 
     #[test]
     fn decode_descriptor_never_panics(
@@ -607,6 +794,96 @@ fn reference_decode_empty_batch_with_huge_heads() {
     let table = PageTable { indptr: &[0], indices: &[], last_page_len: &[] };
     let r = reference::decode::<f32>(&desc, &[], &[], &[], table);
     assert!(matches!(r, Ok(_) | Err(Error::InvalidProblem(_))), "{r:?}");
+}
+
+/// The descriptors of the report: zero KV heads or head_dim, and `i32::MIN / -1`.
+#[test]
+fn choose_rejects_degenerate_descriptors() {
+    let h200 = DeviceProps {
+        sm_count: 132,
+        compute_capability: (9, 0),
+        smem_per_sm: 233472,
+        smem_per_block_optin: 232448,
+    };
+    let base = BatchPagedDecodeDescriptor {
+        batch_size: 4,
+        num_qo_heads: 32,
+        sm_scale: 0.1,
+        paged_kv: PagedKvCacheDescriptor {
+            page_size: 16,
+            num_total_pages: 64,
+            num_kv_heads: 8,
+            head_dim: 128,
+            element: ElementKind::F16,
+        },
+    };
+    let with_kv = |f: fn(&mut PagedKvCacheDescriptor)| {
+        let mut d = base;
+        f(&mut d.paged_kv);
+        d
+    };
+    let cases = [
+        with_kv(|kv| kv.num_kv_heads = 0),
+        with_kv(|kv| kv.head_dim = 0),
+        with_kv(|kv| kv.num_kv_heads = -1),
+        BatchPagedDecodeDescriptor { num_qo_heads: i32::MIN, ..with_kv(|kv| kv.num_kv_heads = -1) },
+        BatchPagedDecodeDescriptor { batch_size: 0, ..base },
+        with_kv(|kv| kv.element = ElementKind::I32),
+    ];
+    for desc in cases {
+        let r = DecodeConfig::choose(&desc, &h200, usize::MAX);
+        assert!(matches!(r, Err(Error::InvalidProblem(_) | Error::Unsupported(_))), "{desc:?}: {r:?}");
+    }
+    assert!(DecodeConfig::choose(&base, &h200, usize::MAX).is_ok());
+}
+
+/// Every error prints (the messages format any values).
+#[test]
+fn errors_display() {
+    let errors = [
+        Error::Unsupported("x".into()),
+        Error::InvalidProblem("x".into()),
+        Error::MisalignedOperand { operand: "q", required: 16 },
+        Error::WorkspaceTooSmall { needed: usize::MAX, got: 0 },
+        Error::InvalidPageTable("x".into()),
+        Error::WrongDevice { operand: "k_data", expected: 1, found: 0 },
+        Error::CheckedUnderCapture,
+        Error::NoDevice,
+    ];
+    for e in errors {
+        assert!(!e.to_string().is_empty());
+    }
+    assert!(!PlanPreference::default().checked);
+}
+
+/// The benchmark's plot and re-plot take any rows and ceiling.
+#[test]
+fn plotting_never_panics() {
+    let row = |tb_s: f64, pct: f64| BenchRow {
+        name: "r".into(),
+        us: 1.0,
+        tb_s,
+        pct_of_ceiling: pct,
+        num_splits: 1,
+        num_chunks: 1,
+        launched_chunks: 1,
+        path: "whole".into(),
+        max_rel_err: None,
+    };
+    let dir = std::env::temp_dir().join(format!("paged-decode-no-panic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("plot.svg");
+    let values = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0, 1e300, 4.5];
+    for &ceiling in &values {
+        let _ = paged_decode::bench::plot(&svg, &[], ceiling);
+        for &tb_s in &values {
+            let _ = paged_decode::bench::plot(&svg, &[row(tb_s, 50.0), row(1.0, tb_s)], ceiling);
+            let json = dir.join("rows.json");
+            std::fs::write(&json, serde_json::to_string(&[row(tb_s, ceiling)]).unwrap()).unwrap();
+            let _ = paged_decode::bench::replot(&json, &svg, None);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

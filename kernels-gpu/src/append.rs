@@ -11,6 +11,10 @@ use crate::element::Elem;
 use crate::intrinsics::*;
 use crate::params::AppendParams;
 
+/// # Safety
+/// `p` is an [`AppendParams`] block as the module documentation and `kernels-gpu`'s safety model
+/// describe: tensors of their documented shapes, launched on a grid of `(batch, num_kv_heads)`
+/// CTAs of 32 threads.
 #[inline(always)]
 pub unsafe fn append_token<T: Elem>(p: &AppendParams) {
     let (b, h, _) = block_idx();

@@ -3,6 +3,8 @@
 
 use crate::intrinsics::*;
 
+/// # Safety
+/// `src` holds `chunks × 16` readable, 16-byte-aligned bytes and `sink` one writable `u32`.
 #[inline(always)]
 pub unsafe fn read_bandwidth(src: *const u8, chunks: u64, sentinel: u32, sink: *mut u32) {
     const UNROLL: u64 = 8;

@@ -1,9 +1,16 @@
 //! Device-side page-table check: one warp per request, reads only inside the arrays' bounds.
 //! Each violation `code` of request `b` is folded into `status` as `min((b << 8) | code)`.
+//! In append mode it also enforces the append contract (a page to write into, a counted token)
+//! and writes each request's append slot to `slots[b]`, from which the host finds two requests
+//! that would write the same slot.
 
 use crate::intrinsics::*;
 use crate::params::{PageTableCheckParams, check_code};
 
+/// # Safety
+/// `p` is a [`PageTableCheckParams`] block: `indptr` of `batch + 1` and `last_page_len` of
+/// `batch` i32s, `indices` of `num_indices` i32s, one u64 `status` and, in append mode, `batch`
+/// u64 `slots`, all writable ones unused by other work while the kernel runs.
 #[inline(always)]
 pub unsafe fn check_page_table(p: &PageTableCheckParams) {
     let lane = thread_idx() % 32;
@@ -31,6 +38,17 @@ pub unsafe fn check_page_table(p: &PageTableCheckParams) {
         }
         return;
     }
+    if p.append != 0 {
+        if stop == start {
+            if lane == 0 {
+                report(check_code::NO_PAGE);
+            }
+            return;
+        }
+        if lane == 0 && last == 0 {
+            report(check_code::LAST_PAGE_EMPTY);
+        }
+    }
     let mut i = start + lane as i32;
     let mut bad = false;
     while i < stop {
@@ -40,5 +58,12 @@ pub unsafe fn check_page_table(p: &PageTableCheckParams) {
     }
     if bad {
         report(check_code::PAGE_OUT_OF_RANGE);
+    }
+    if p.append != 0 && lane == 0 {
+        // `start ≤ stop - 1 < stop ≤ num_indices`: the last page id is inside `indices`. The slot
+        // is only read by the host when no request broke a rule above.
+        let page = unsafe { ld_nc_i32((p.indices as *const i32).add(stop as usize - 1)) };
+        let slot = (page as u32 as u64) * p.page_size as u64 + (last as u32 as u64).wrapping_sub(1);
+        unsafe { *(p.slots as *mut u64).add(b as usize) = slot };
     }
 }

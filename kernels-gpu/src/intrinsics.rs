@@ -170,6 +170,11 @@ pub fn l2_evict_first_policy() -> u64 {
 
 /// 16-byte global → shared copy, bypassing L1, under the L2 cache policy `policy`; bytes past
 /// `src_bytes` (0 or 16) are zero-filled.
+///
+/// # Safety
+/// `dst` is a 16-byte-aligned `.shared` address of 16 writable bytes inside this CTA's shared
+/// memory; with `src_bytes == 16`, `src` is a 16-byte-aligned global address of 16 readable bytes
+/// (`src_bytes == 0` reads nothing). `dst` is not read before the copy's group is waited for.
 #[inline(always)]
 pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32, policy: u64) {
     unsafe {
@@ -201,6 +206,10 @@ pub fn cp_async_wait_dyn(n: u32) {
 }
 
 /// Four 8×8 b16 matrices from shared memory (one row address per lane).
+///
+/// # Safety
+/// Warp-collective: all 32 lanes execute it, each with a 16-byte-aligned `.shared` address of 16
+/// readable bytes inside this CTA's shared memory.
 #[inline(always)]
 pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -212,6 +221,9 @@ pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     [a, b, c, d]
 }
 /// As [`ldmatrix_x4`], transposed.
+///
+/// # Safety
+/// As [`ldmatrix_x4`].
 #[inline(always)]
 pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -223,6 +235,9 @@ pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// # Safety
+/// `addr` is a 16-byte-aligned `.shared` address of 16 writable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
     unsafe {
@@ -232,6 +247,9 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
     };
 }
 
+/// # Safety
+/// `addr` is a 8-byte-aligned `.shared` address of 8 writable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
     unsafe {
@@ -240,6 +258,9 @@ pub unsafe fn st_shared_v2_f32(addr: u32, v: [f32; 2]) {
     };
 }
 
+/// # Safety
+/// `addr` is a 16-byte-aligned `.shared` address of 16 readable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn ld_shared_v4_f32(addr: u32) -> [f32; 4] {
     let (a, b, c, d): (f32, f32, f32, f32);
@@ -252,12 +273,20 @@ pub unsafe fn ld_shared_v4_f32(addr: u32) -> [f32; 4] {
 }
 
 /// `st.shared.u64`.
+///
+/// # Safety
+/// `addr` is an 8-byte-aligned `.shared` address of 8 writable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn st_shared_u64(addr: u32, v: u64) {
     unsafe { asm!("st.shared.u64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v, options(nostack)) };
 }
 
 /// `ld.shared.u64`.
+///
+/// # Safety
+/// `addr` is an 8-byte-aligned `.shared` address of 8 readable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn ld_shared_u64(addr: u32) -> u64 {
     let v: u64;
@@ -267,11 +296,17 @@ pub unsafe fn ld_shared_u64(addr: u32) -> u64 {
     v
 }
 
+/// # Safety
+/// `addr` is a 4-byte-aligned `.shared` address of 4 writable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn st_shared_u32(addr: u32, v: u32) {
     unsafe { asm!("st.shared.b32 [{p}], {v};", p = in(reg32) addr, v = in(reg32) v, options(nostack)) };
 }
 
+/// # Safety
+/// `addr` is a 4-byte-aligned `.shared` address of 4 readable bytes inside this CTA's shared
+/// memory.
 #[inline(always)]
 pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
     let v: u32;
@@ -291,6 +326,10 @@ pub fn any_sync(pred: bool) -> bool {
 }
 
 /// 16-byte read-only global load.
+///
+/// # Safety
+/// `p` is a 16-byte-aligned global address of 16 readable bytes of a live allocation that no thread
+/// writes while the kernel runs (the load may use the non-coherent path).
 #[inline(always)]
 pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -303,6 +342,9 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
 }
 
 /// `atom.relaxed.gpu.global.add.u32`, returning the old value (no ordering: a ticket).
+///
+/// # Safety
+/// `p` is a 4-byte-aligned global address of 4 writable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn atomic_add_relaxed_u32(p: *mut u32, v: u32) -> u32 {
     let old: u32;
@@ -314,6 +356,9 @@ pub unsafe fn atomic_add_relaxed_u32(p: *mut u32, v: u32) -> u32 {
 }
 
 /// `red.release.gpu.global.add.u32`: publishes the writes ordered before it, returns nothing.
+///
+/// # Safety
+/// `p` is a 4-byte-aligned global address of 4 writable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn red_add_release_u32(p: *mut u32, v: u32) {
     unsafe {
@@ -322,6 +367,9 @@ pub unsafe fn red_add_release_u32(p: *mut u32, v: u32) {
 }
 
 /// `ld.acquire.gpu.global.u32`.
+///
+/// # Safety
+/// `p` is a 4-byte-aligned global address of 4 readable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
     let v: u32;
@@ -351,6 +399,9 @@ pub fn sync_threads_or(pred: bool) -> bool {
 
 /// f32 load cached in L2 only (sees other CTAs' writes published by the split merge's release
 /// count).
+///
+/// # Safety
+/// `p` is a 4-byte-aligned global address of 4 readable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
     let v: u32;
@@ -374,6 +425,10 @@ pub fn grid_dim_y() -> u32 {
 }
 
 /// Read-only global load of an i32.
+///
+/// # Safety
+/// `p` is a 4-byte-aligned global address of 4 readable bytes of a live allocation that no thread
+/// writes while the kernel runs (the load may use the non-coherent path).
 #[inline(always)]
 pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
     let v: u32;
@@ -384,6 +439,9 @@ pub unsafe fn ld_nc_i32(p: *const i32) -> i32 {
 }
 
 /// `atom.global.min.u64`.
+///
+/// # Safety
+/// `p` is a 8-byte-aligned global address of 8 writable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn atomic_min_u64(p: *mut u64, v: u64) {
     unsafe { asm!("red.global.min.u64 [{p}], {v};", p = in(reg64) p, v = in(reg64) v, options(nostack)) };
@@ -401,6 +459,9 @@ pub fn mad_wide_u32(a: u32, b: u32, c: u64) -> u64 {
 }
 
 /// 16-byte global store.
+///
+/// # Safety
+/// `p` is a 16-byte-aligned global address of 16 writable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn st_global_v4_f32(p: *mut f32, v: [f32; 4]) {
     unsafe {
@@ -411,6 +472,9 @@ pub unsafe fn st_global_v4_f32(p: *mut f32, v: [f32; 4]) {
 }
 
 /// 16-byte load cached in L2 only (see [`ld_cg_f32`]).
+///
+/// # Safety
+/// `p` is a 16-byte-aligned global address of 16 readable bytes of a live allocation.
 #[inline(always)]
 pub unsafe fn ld_cg_v4_f32(p: *const f32) -> [f32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -446,6 +510,9 @@ pub fn allow_dependent_launch() {
 
 /// `prefetch.global.L2`: a hint that pulls the 128-byte line of `p` into L2. It reads nothing
 /// architecturally, so it may run before [`grid_dependency_wait`].
+///
+/// # Safety
+/// `p` is a global address inside a live allocation (a prefetch of an unmapped address may fault).
 #[inline(always)]
 pub unsafe fn prefetch_l2(p: *const u8) {
     unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly)) };

@@ -3,6 +3,40 @@
 //! Every `#[no_mangle] extern "ptx-kernel"` function here is a PTX entry point; the builder keeps
 //! exactly these and internalizes the rest. Algorithms live in their modules; this file only
 //! instantiates them per element type and head_dim.
+//!
+//! # Safety model
+//!
+//! Every entry point is an `unsafe fn` whose whole contract is its parameter block
+//! ([`params`]): each pointer is the device address of a live allocation of the launching
+//! context that holds at least the elements its documented shape needs for the block's scalars
+//! (the host checks every tensor's shape, contiguity and storage against the descriptor and
+//! refuses tensors of another context), the K/V store has at most 2^32 - 1 rows (so row
+//! arithmetic in `u32` cannot wrap), and no other launch writes what the kernel reads or
+//! touches what it writes while it runs (the host's stream order). The *values* of the page
+//! table (`indptr`, `indices`, `last_page_len`) are never trusted: every index derived from them
+//! is clamped or checked before it addresses memory, so a corrupt table gives unspecified
+//! values but no access outside the tensors.
+//!
+//! What each kernel may touch:
+//! - `decode_*`: reads `q`, the K/V store, `indptr[..=batch]`, `last_page_len[..batch]` and
+//!   `indices[..num_indices]`; writes the `o` and `lse` rows of its (request, head block).
+//!   In bounds because the request, KV head and head block come from the grid (`< batch`,
+//!   `< num_kv_heads`, query heads `< num_qo_heads`), `indptr` values are clamped into
+//!   `[0, num_indices]`, page slots into the request's pages, page ids into
+//!   `[0, num_total_pages)` and in-page positions below `page_size`. The split variants also
+//!   write the partial `(O, lse)` rows of their item (`< num_chunks`, the workspace's extent)
+//!   and one `[ticket, done]` counter pair per (request, KV head, head block) of split-KV
+//!   state, which is zero before the launch and left zero after it.
+//! - `append_*`: reads one `key` / `value` row per (request, KV head) of the grid; writes one
+//!   row of each store, and only after checking `0 ≤ indptr[b] < indptr[b + 1] ≤ num_indices`,
+//!   `last_page_len[b] ∈ [1, page_size]` and the page id in `[0, num_total_pages)`; otherwise
+//!   it writes nothing.
+//! - `check_page_table`: reads `indptr[b]`, `indptr[b + 1]` and `last_page_len[b]` for
+//!   `b < batch`, and `indices` only inside `[indptr[b], indptr[b + 1])` after checking
+//!   `0 ≤ indptr[b] ≤ indptr[b + 1] ≤ num_indices`; writes the one-word `status` (atomically)
+//!   and, in append mode, `slots[b]`.
+//! - `read_bandwidth`: reads `chunks` 16-byte chunks of `src`; writes at most one `u32` to
+//!   `sink`.
 
 #![no_std]
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
@@ -24,11 +58,14 @@ use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_merge_batc
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `trap` aborts the kernel; it has no precondition.
     unsafe { core::arch::nvptx::trap() }
 }
 
 macro_rules! decode_mma_entry {
     ($name:ident, $t:ty, $d:literal, $tiling:ident, $split:literal) => {
+        /// # Safety
+        /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
@@ -66,6 +103,8 @@ decode_mma_entry!(decode_mma_lean_bf16_d128, BF16, 128, Lean, false);
 
 macro_rules! decode_simt_entry {
     ($name:ident, $t:ty, $d:literal, $split:literal) => {
+        /// # Safety
+        /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe { decode::decode_simt::<$t, $d, { $d / 32 }, $split>(&p) }
@@ -81,6 +120,8 @@ decode_simt_entry!(decode_simt_split_f32_d256, f32, 256, true);
 
 macro_rules! append_entry {
     ($name:ident, $t:ty) => {
+        /// # Safety
+        /// See [`append::append_token`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: AppendParams) {
             unsafe { append::append_token::<$t>(&p) }
@@ -91,6 +132,8 @@ append_entry!(append_f16, F16);
 append_entry!(append_bf16, BF16);
 append_entry!(append_f32, f32);
 
+/// # Safety
+/// See [`check::check_page_table`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn schedule_chunks(p: DecodeParams) {
     unsafe { schedule::schedule_chunks(&p) }
@@ -101,6 +144,8 @@ pub unsafe extern "ptx-kernel" fn check_page_table(p: PageTableCheckParams) {
     unsafe { check::check_page_table(&p) }
 }
 
+/// # Safety
+/// See [`bandwidth::read_bandwidth`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn read_bandwidth(src: *const u8, chunks: u64, sentinel: u32, sink: *mut u32) {
     unsafe { bandwidth::read_bandwidth(src, chunks, sentinel, sink) }

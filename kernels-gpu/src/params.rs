@@ -93,10 +93,17 @@ pub struct PageTableCheckParams {
     pub last_page_len: u64,
     /// One u64: `min((request << 8) | code)` over all violations; `u64::MAX` if none.
     pub status: u64,
+    /// Append mode: `[batch]` u64, each request's append slot as the store row
+    /// `page × page_size + last_page_len - 1` (meaningful only when no violation is reported; the
+    /// host finds two requests appending to one slot from it). 0 otherwise.
+    pub slots: u64,
     pub batch: u32,
     pub page_size: u32,
     pub num_total_pages: u32,
     pub num_indices: u32,
+    /// 1: the append contract (every request owns a page, `last_page_len ≥ 1`), and `slots` is
+    /// written; 0: the decode contract.
+    pub append: u32,
 }
 
 /// Violation codes written by the page-table check.
@@ -109,6 +116,10 @@ pub mod check_code {
     pub const LAST_PAGE_LEN_OUT_OF_RANGE: u32 = 3;
     /// A page id of the request lies outside `[0, num_total_pages)`.
     pub const PAGE_OUT_OF_RANGE: u32 = 4;
+    /// Append: the request owns no page to write its token into.
+    pub const NO_PAGE: u32 = 5;
+    /// Append: `last_page_len[b]` is 0 on a request with pages (the new token is not counted).
+    pub const LAST_PAGE_EMPTY: u32 = 6;
 }
 
 /// Threads per CTA of the decode kernels.
