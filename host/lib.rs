@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod device;
+mod driver_library;
 pub mod error;
 pub mod page_table;
 pub mod plan;
@@ -32,8 +33,10 @@ pub(crate) mod chunking;
 #[cfg(test)]
 mod chunking_tests;
 
+pub use cudarc;
 pub use device::Device;
 pub use error::{Error, Result};
+pub use half;
 pub use plan::{
     BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, PagedKvAppendArgs,
     PagedKvAppendArgsLayout, PagedKvAppendPlan,
