@@ -9,31 +9,21 @@ mod common;
 use std::process::ExitCode;
 
 use common::{
-    HostPageTable, PagePool, Rng, Sequence, TOLERANCE, lse_err, open_device, rel_err, within_tolerance,
+    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Rng, Sequence,
+    TOLERANCE, exit_code, lse_err, open_device, paged_kv, rel_err, within_tolerance,
 };
 use paged_decode::half::f16;
 use paged_decode::{
-    BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, ElementKind, PagedKvAppendArgs,
-    PagedKvAppendDescriptor, PagedKvAppendPlan, PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef,
-    Workspace, reference,
+    BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, PagedKvAppendArgs,
+    PagedKvAppendDescriptor, PagedKvAppendPlan, PlanPreference, TensorMut, TensorRef, Workspace, reference,
 };
 
-const PAGE_SIZE: usize = 16;
 const NUM_PAGES: usize = 64;
-const QO_HEADS: usize = 32;
-const KV_HEADS: usize = 8;
-const HEAD_DIM: usize = 128;
 /// History of each request before the step: 16 fills a page, so its new token takes a new one.
 const HISTORY: [usize; 4] = [45, 16, 1, 130];
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("decode example: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("decode example", run())
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -62,18 +52,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let table = HostPageTable::of(requests.iter().map(Some), PAGE_SIZE, 0);
-    let indices = stream.clone_htod(&table.indices)?;
-    let indptr = stream.clone_htod(&table.indptr)?;
-    let last_page_len = stream.clone_htod(&table.last_page_len)?;
+    let device_table = DevicePageTable::upload(stream, &table)?;
 
     let batch = HISTORY.len();
-    let paged_kv = PagedKvCacheDescriptor {
-        page_size: PAGE_SIZE as i32,
-        num_total_pages: NUM_PAGES as i32,
-        num_kv_heads: KV_HEADS as i32,
-        head_dim: HEAD_DIM as i32,
-        element: ElementKind::F16,
-    };
+    let paged_kv = paged_kv(NUM_PAGES);
     let (b, hq, hkv, d) = (batch as i32, QO_HEADS as i32, KV_HEADS as i32, HEAD_DIM as i32);
 
     // Append the new token's K and V.
@@ -81,6 +63,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (key_dev, value_dev) = (stream.clone_htod(&key)?, stream.clone_htod(&value)?);
     let append_desc = PagedKvAppendDescriptor { batch_size: b, paged_kv };
     let append = PagedKvAppendPlan::<f16>::select(stream, &append_desc, PlanPreference::default())?;
+    let (indices, indptr, last_page_len) = device_table.views();
     append.run(
         stream,
         &mut Workspace::None,
@@ -89,9 +72,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             value: TensorRef::new(value_dev.slice(..), [b, hkv, d]),
             k_data: TensorMut::new(k_store.slice_mut(..), store_shape),
             v_data: TensorMut::new(v_store.slice_mut(..), store_shape),
-            indices: TensorRef::new(indices.slice(..), [table.indices.len() as i32]),
-            indptr: TensorRef::new(indptr.slice(..), [b + 1]),
-            last_page_len: TensorRef::new(last_page_len.slice(..), [b]),
+            indices,
+            indptr,
+            last_page_len,
         },
     )?;
 
@@ -109,6 +92,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut o = stream.alloc_zeros::<f16>(q.len())?;
     let mut lse = stream.alloc_zeros::<f32>(batch * QO_HEADS)?;
     let mut workspace = stream.alloc_zeros::<u8>(decode.workspace_size().max(1))?;
+    let (indices, indptr, last_page_len) = device_table.views();
     decode.run(
         stream,
         &mut Workspace::Borrowed(workspace.slice_mut(..)),
@@ -116,9 +100,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             q: TensorRef::new(q_dev.slice(..), [b, hq, d]),
             k_data: TensorRef::new(k_store.slice(..), store_shape),
             v_data: TensorRef::new(v_store.slice(..), store_shape),
-            indices: TensorRef::new(indices.slice(..), [table.indices.len() as i32]),
-            indptr: TensorRef::new(indptr.slice(..), [b + 1]),
-            last_page_len: TensorRef::new(last_page_len.slice(..), [b]),
+            indices,
+            indptr,
+            last_page_len,
             o: TensorMut::new(o.slice_mut(..), [b, hq, d]),
             lse: TensorMut::new(lse.slice_mut(..), [b, hq]),
         },

@@ -17,24 +17,20 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use common::{
-    HostPageTable, PagePool, Rng, Sequence, TOLERANCE, lse_err, open_device, rel_err, within_tolerance,
+    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Rng, Sequence,
+    TOLERANCE, exit_code, lse_err, open_device, paged_kv, rel_err, within_tolerance,
 };
 use paged_decode::cudarc::driver::CudaSlice;
 use paged_decode::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use paged_decode::half::f16;
 use paged_decode::{
-    BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, ElementKind,
-    PagedKvAppendArgs, PagedKvAppendDescriptor, PagedKvAppendPlan, PagedKvCacheDescriptor, PlanPreference,
-    TensorMut, TensorRef, Workspace, reference,
+    BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, PagedKvAppendArgs,
+    PagedKvAppendDescriptor, PagedKvAppendPlan, PlanPreference, TensorMut, TensorRef, Workspace, reference,
 };
 
-const PAGE_SIZE: usize = 16;
 const NUM_PAGES: usize = 512;
 /// Request slots in the captured batch.
 const SLOTS: usize = 8;
-const QO_HEADS: usize = 32;
-const KV_HEADS: usize = 8;
-const HEAD_DIM: usize = 128;
 const STEPS: usize = 400;
 const CHECK_EVERY: usize = 100;
 /// A free slot receives a new request with probability 1 / ARRIVAL_ODDS per step.
@@ -48,13 +44,7 @@ const TOKEN_ELEMS: usize = KV_HEADS * HEAD_DIM;
 const Q_ELEMS: usize = QO_HEADS * HEAD_DIM;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("serving loop example: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code("serving loop example", run())
 }
 
 /// A running request.
@@ -69,9 +59,7 @@ struct Running {
 struct Buffers {
     k_store: CudaSlice<f16>,
     v_store: CudaSlice<f16>,
-    indices: CudaSlice<i32>,
-    indptr: CudaSlice<i32>,
-    last_page_len: CudaSlice<i32>,
+    table: DevicePageTable,
     q: CudaSlice<f16>,
     key: CudaSlice<f16>,
     value: CudaSlice<f16>,
@@ -161,13 +149,7 @@ impl Engine {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let Some(dev) = open_device("serving loop example")? else { return Ok(()) };
     let stream = &dev.stream;
-    let paged_kv = PagedKvCacheDescriptor {
-        page_size: PAGE_SIZE as i32,
-        num_total_pages: NUM_PAGES as i32,
-        num_kv_heads: KV_HEADS as i32,
-        head_dim: HEAD_DIM as i32,
-        element: ElementKind::F16,
-    };
+    let paged_kv = paged_kv(NUM_PAGES);
     let append_desc = PagedKvAppendDescriptor { batch_size: SLOTS as i32, paged_kv };
     let decode_desc = BatchPagedDecodeDescriptor {
         batch_size: SLOTS as i32,
@@ -184,9 +166,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut buffers = Buffers {
         k_store: stream.alloc_zeros(store_len)?,
         v_store: stream.alloc_zeros(store_len)?,
-        indices: stream.alloc_zeros(NUM_PAGES)?,
-        indptr: stream.alloc_zeros(SLOTS + 1)?,
-        last_page_len: stream.alloc_zeros(SLOTS)?,
+        table: DevicePageTable::upload(
+            stream,
+            &HostPageTable::of((0..SLOTS).map(|_| None), PAGE_SIZE, NUM_PAGES),
+        )?,
         q: stream.alloc_zeros(SLOTS * Q_ELEMS)?,
         key: stream.alloc_zeros(SLOTS * TOKEN_ELEMS)?,
         value: stream.alloc_zeros(SLOTS * TOKEN_ELEMS)?,
@@ -220,9 +203,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let table = engine.table(NUM_PAGES);
         let q = engine.rng.values(SLOTS * Q_ELEMS);
         let (key, value) = (engine.rng.values(SLOTS * TOKEN_ELEMS), engine.rng.values(SLOTS * TOKEN_ELEMS));
-        stream.memcpy_htod(&table.indices, &mut buffers.indices)?;
-        stream.memcpy_htod(&table.indptr, &mut buffers.indptr)?;
-        stream.memcpy_htod(&table.last_page_len, &mut buffers.last_page_len)?;
+        buffers.table.write(stream, &table)?;
         stream.memcpy_htod(&q, &mut buffers.q)?;
         stream.memcpy_htod(&key, &mut buffers.key)?;
         stream.memcpy_htod(&value, &mut buffers.value)?;
@@ -273,6 +254,7 @@ fn capture_step(
     let (slots, hq, hkv, d) = (SLOTS as i32, QO_HEADS as i32, KV_HEADS as i32, HEAD_DIM as i32);
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     let captured = (|| -> paged_decode::Result<()> {
+        let (indices, indptr, last_page_len) = b.table.views();
         append.run(
             stream,
             &mut Workspace::None,
@@ -281,11 +263,12 @@ fn capture_step(
                 value: TensorRef::new(b.value.slice(..), [slots, hkv, d]),
                 k_data: TensorMut::new(b.k_store.slice_mut(..), store),
                 v_data: TensorMut::new(b.v_store.slice_mut(..), store),
-                indices: TensorRef::new(b.indices.slice(..), [NUM_PAGES as i32]),
-                indptr: TensorRef::new(b.indptr.slice(..), [slots + 1]),
-                last_page_len: TensorRef::new(b.last_page_len.slice(..), [slots]),
+                indices,
+                indptr,
+                last_page_len,
             },
         )?;
+        let (indices, indptr, last_page_len) = b.table.views();
         decode.run(
             stream,
             &mut Workspace::Borrowed(b.workspace.slice_mut(..)),
@@ -293,9 +276,9 @@ fn capture_step(
                 q: TensorRef::new(b.q.slice(..), [slots, hq, d]),
                 k_data: TensorRef::new(b.k_store.slice(..), store),
                 v_data: TensorRef::new(b.v_store.slice(..), store),
-                indices: TensorRef::new(b.indices.slice(..), [NUM_PAGES as i32]),
-                indptr: TensorRef::new(b.indptr.slice(..), [slots + 1]),
-                last_page_len: TensorRef::new(b.last_page_len.slice(..), [slots]),
+                indices,
+                indptr,
+                last_page_len,
                 o: TensorMut::new(b.o.slice_mut(..), [slots, hq, d]),
                 lse: TensorMut::new(b.lse.slice_mut(..), [slots, hq]),
             },

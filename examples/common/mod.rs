@@ -4,9 +4,43 @@
 
 #![allow(dead_code)] // each example uses part of this module
 
+use std::process::ExitCode;
+
+use paged_decode::cudarc::driver::{CudaSlice, CudaStream};
 use paged_decode::half::f16;
 use paged_decode::reference::PageTable;
-use paged_decode::{Device, Element, Error};
+use paged_decode::{Device, Element, ElementKind, Error, PagedKvCacheDescriptor, TensorRef};
+
+/// The model both examples serve: 32 query heads over 8 KV heads of 128, f16, 16-token pages.
+pub const PAGE_SIZE: usize = 16;
+/// Query (and output) heads.
+pub const QO_HEADS: usize = 32;
+/// K/V heads.
+pub const KV_HEADS: usize = 8;
+/// Head dimension.
+pub const HEAD_DIM: usize = 128;
+
+/// The model's paged K/V store with `num_pages` pages.
+pub fn paged_kv(num_pages: usize) -> PagedKvCacheDescriptor {
+    PagedKvCacheDescriptor {
+        page_size: PAGE_SIZE as i32,
+        num_total_pages: num_pages as i32,
+        num_kv_heads: KV_HEADS as i32,
+        head_dim: HEAD_DIM as i32,
+        element: ElementKind::F16,
+    }
+}
+
+/// The exit status of an example: failure, after printing the error, when `result` is one.
+pub fn exit_code(example: &str, result: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{example}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// The first GPU, or `None` after saying that there is no CUDA driver (the examples then exit 0).
 pub fn open_device(example: &str) -> Result<Option<Device>, Error> {
@@ -153,6 +187,46 @@ pub fn lse_err(gpu: &[f32], reference: &[f64]) -> f64 {
         .map(|(&g, &r)| if f64::from(g) == r { 0.0 } else { (f64::from(g) - r).abs() })
         .map(|e| if e.is_nan() { f64::INFINITY } else { e })
         .fold(0.0, f64::max)
+}
+
+/// A page table in device memory, in buffers of fixed size that later tables are written into.
+pub struct DevicePageTable {
+    /// Page ids; its length is the capacity a plan sees.
+    pub indices: CudaSlice<i32>,
+    /// `[batch + 1]` offsets into `indices`.
+    pub indptr: CudaSlice<i32>,
+    /// `[batch]` tokens in each request's last page.
+    pub last_page_len: CudaSlice<i32>,
+}
+
+/// Views of the three page-table arrays, for a plan's arguments.
+pub type PageTableViews<'a> = (TensorRef<'a, i32, 1>, TensorRef<'a, i32, 1>, TensorRef<'a, i32, 1>);
+
+impl DevicePageTable {
+    /// Device copies of `table`.
+    pub fn upload(stream: &std::sync::Arc<CudaStream>, table: &HostPageTable) -> Result<Self, Error> {
+        Ok(Self {
+            indices: stream.clone_htod(&table.indices)?,
+            indptr: stream.clone_htod(&table.indptr)?,
+            last_page_len: stream.clone_htod(&table.last_page_len)?,
+        })
+    }
+    /// Writes `table`, which must have this table's sizes, into the buffers (stream-ordered).
+    pub fn write(&mut self, stream: &std::sync::Arc<CudaStream>, table: &HostPageTable) -> Result<(), Error> {
+        stream.memcpy_htod(&table.indices, &mut self.indices)?;
+        stream.memcpy_htod(&table.indptr, &mut self.indptr)?;
+        stream.memcpy_htod(&table.last_page_len, &mut self.last_page_len)?;
+        Ok(())
+    }
+    /// `(indices, indptr, last_page_len)` views.
+    pub fn views(&self) -> PageTableViews<'_> {
+        let batch = self.last_page_len.len() as i32;
+        (
+            TensorRef::new(self.indices.slice(..), [self.indices.len() as i32]),
+            TensorRef::new(self.indptr.slice(..), [batch + 1]),
+            TensorRef::new(self.last_page_len.slice(..), [batch]),
+        )
+    }
 }
 
 /// Relative L2 error of `gpu` against the float64 `reference` (absolute when the reference is
