@@ -1,68 +1,154 @@
-//! Builds `kernels-gpu` to PTX (see `builder/`) twice and hands both to the host code:
-//! `$OUT_DIR/kernels.ptx` (portable, runs on sm_80+ through the driver's JIT) and
-//! `$OUT_DIR/kernels_sm90.ptx` (Hopper: adds programmatic dependent launch).
+//! Hands the kernels' PTX to the host code: `$OUT_DIR/kernels.ptx` (portable, runs on sm_80+
+//! through the driver's JIT) and `$OUT_DIR/kernels_sm90.ptx` (Hopper: adds programmatic dependent
+//! launch).
 //!
-//! - `PAGED_DECODE_PTX_ARCH`: target architecture of the portable PTX (default `sm_80`).
-//! - `PAGED_DECODE_PTX`: path of a prebuilt portable PTX file to embed instead of building one.
+//! Both come from `ptx/`, shipped with the package, so a dependent needs only stable Rust. A file
+//! is built from the kernel sources instead (`kernels-gpu/` with the pinned nightly; see
+//! `builder/`) when
+//! - the shipped PTX does not match the sources: `ptx/manifest.txt` records the SHA-256 of every
+//!   file it was built from, and a stale file is never embedded;
+//! - `PAGED_DECODE_BUILD_PTX=1`: always build from source;
+//! - `PAGED_DECODE_PTX_ARCH` (`sm_80` default, `sm_86`, `sm_89`, `sm_90`) differs from the
+//!   shipped portable build's target.
+//!
+//! `PAGED_DECODE_PTX=/path/kernels.ptx` embeds that file as the portable PTX instead. Building
+//! from source never installs anything: without the nightly the build fails and prints the
+//! `rustup` command that installs it. `$OUT_DIR/manifest.txt` records the files built from
+//! source; `scripts/ship-ptx` copies them and it into `ptx/`.
 
-use std::path::PathBuf;
+#[path = "builder/src/lib.rs"]
+#[allow(dead_code)]
+mod ptx_builder;
 
-use ptx_builder::{PtxBuild, Toolchain};
+use std::path::{Path, PathBuf};
 
+use ptx_builder::manifest::{self, MANIFEST_FILE, Manifest, PtxFile};
+use ptx_builder::{PTX_ISA, PtxBuild, TOOLCHAIN, Toolchain, sha256};
+
+const PORTABLE: &str = "kernels.ptx";
+const SM90: &str = "kernels_sm90.ptx";
+const PORTABLE_ARCHS: [&str; 4] = ["sm_80", "sm_86", "sm_89", "sm_90"];
+
+// The lean entries' register limit (a kernel parameter, so hashed into the shipped manifest).
 #[path = "kernels-gpu/src/params.rs"]
 #[allow(dead_code)]
 mod params;
 
-const TOOLCHAIN: &str = "nightly-2026-05-20";
-
 fn main() {
-    println!("cargo::rerun-if-changed=kernels-gpu");
-    println!("cargo::rerun-if-changed=builder");
-    println!("cargo::rerun-if-env-changed=PAGED_DECODE_PTX_ARCH");
-    println!("cargo::rerun-if-env-changed=PAGED_DECODE_PTX");
-
+    for dir in manifest::SOURCE_DIRS.iter().chain([&manifest::SHIPPED_DIR]) {
+        println!("cargo::rerun-if-changed={dir}");
+    }
+    for var in ["PAGED_DECODE_PTX_ARCH", "PAGED_DECODE_PTX", "PAGED_DECODE_BUILD_PTX"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let write = |name: &str, ptx: String| {
-        let path = out_dir.join(name);
-        std::fs::write(&path, ptx).unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
-    };
+    let sources = manifest::source_digests(&root).unwrap_or_else(|e| fail(&e.0));
+    let current = Manifest { toolchain: TOOLCHAIN.into(), ptx_isa: PTX_ISA.into(), ptx: Vec::new(), sources };
+    let mut kernels = Kernels::new(&root, &out_dir, &current);
+
+    let portable_arch = std::env::var("PAGED_DECODE_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
+    if !PORTABLE_ARCHS.contains(&portable_arch.as_str()) {
+        fail(&format!(
+            "PAGED_DECODE_PTX_ARCH={portable_arch}: expected one of {}",
+            PORTABLE_ARCHS.join(", ")
+        ));
+    }
     let portable = match std::env::var("PAGED_DECODE_PTX") {
         Ok(prebuilt) => {
             println!("cargo::rerun-if-changed={prebuilt}");
             std::fs::read_to_string(&prebuilt)
                 .unwrap_or_else(|e| fail(&format!("PAGED_DECODE_PTX={prebuilt}: {e}")))
         }
-        Err(_) => {
-            let arch = std::env::var("PAGED_DECODE_PTX_ARCH").unwrap_or_else(|_| "sm_80".into());
-            if !matches!(arch.as_str(), "sm_80" | "sm_86" | "sm_89" | "sm_90") {
-                fail(&format!("PAGED_DECODE_PTX_ARCH={arch}: expected one of sm_80, sm_86, sm_89, sm_90"));
-            }
-            build_kernels(&out_dir, &arch)
-        }
+        Err(_) => kernels.get(PORTABLE, &portable_arch),
     };
-    write("kernels.ptx", portable);
-    write("kernels_sm90.ptx", build_kernels(&out_dir, "sm_90"));
+    let sm90 = kernels.get(SM90, "sm_90");
+    write(&out_dir.join(PORTABLE), &portable);
+    write(&out_dir.join(SM90), &sm90);
+    let record = Manifest { ptx: kernels.built, ..current };
+    write(&out_dir.join(MANIFEST_FILE), &record.render());
 }
 
-fn build_kernels(out_dir: &std::path::Path, arch: &str) -> String {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    // `<target>/<profile>/build/<pkg>/out` → `<target>/ptx-build/<arch>`, shared by all profiles.
-    let target_dir = out_dir
-        .ancestors()
-        .nth(4)
-        .map(|t| t.join("ptx-build"))
-        .unwrap_or_else(|| out_dir.join("ptx-build"))
-        .join(arch);
-    let toolchain = Toolchain::ensure(TOOLCHAIN, |msg| println!("cargo::warning={msg}"))
-        .unwrap_or_else(|e| fail(&e.to_string()));
-    let build = PtxBuild {
-        crate_dir: root.join("kernels-gpu"),
-        target_dir,
-        arch: arch.into(),
-        ptx_isa: "ptx78".into(),
-        max_registers: vec![("decode_mma_lean_".into(), params::LEAN_MAX_REGISTERS)],
-    };
-    build.build(&toolchain).unwrap_or_else(|e| fail(&e.to_string()))
+/// Where each PTX file comes from: the shipped copy while it matches the sources, else a build.
+struct Kernels<'a> {
+    root: &'a Path,
+    out_dir: &'a Path,
+    /// The shipped files, or why they cannot be used.
+    shipped: Result<Vec<(PtxFile, String)>, String>,
+    toolchain: Option<Toolchain>,
+    /// Files built from source, for `$OUT_DIR/manifest.txt`.
+    built: Vec<PtxFile>,
+}
+
+impl<'a> Kernels<'a> {
+    fn new(root: &'a Path, out_dir: &'a Path, current: &Manifest) -> Self {
+        let shipped = if std::env::var_os("PAGED_DECODE_BUILD_PTX").is_some_and(|v| v != "0") {
+            Err("PAGED_DECODE_BUILD_PTX is set".into())
+        } else {
+            manifest::load_shipped(root, current)
+                .map_err(|why| format!("the shipped PTX in ptx/ is stale ({why})"))
+        };
+        Self { root, out_dir, shipped, toolchain: None, built: Vec::new() }
+    }
+
+    /// The PTX text of `file` for `arch`.
+    fn get(&mut self, file: &str, arch: &str) -> String {
+        let why_build = match &self.shipped {
+            Err(why) => why.clone(),
+            Ok(files) => match files.iter().find(|(p, _)| p.file == file) {
+                Some((p, text)) if p.arch == arch => return text.clone(),
+                Some((p, _)) => {
+                    format!("PAGED_DECODE_PTX_ARCH={arch}; the shipped {file} targets {}", p.arch)
+                }
+                None => format!("ptx/{MANIFEST_FILE} lists no {file}"),
+            },
+        };
+        let text = self.build(arch, &why_build);
+        self.built.push(PtxFile {
+            file: file.into(),
+            arch: arch.into(),
+            sha256: sha256::hex_digest(text.as_bytes()),
+        });
+        text
+    }
+
+    fn build(&mut self, arch: &str, why: &str) -> String {
+        let toolchain = self.toolchain.get_or_insert_with(|| find_toolchain(why));
+        // `<target>/<profile>/build/<pkg>/out` → `<target>/ptx-build/<arch>`, shared by all profiles.
+        let target_dir = self
+            .out_dir
+            .ancestors()
+            .nth(4)
+            .map(|t| t.join("ptx-build"))
+            .unwrap_or_else(|| self.out_dir.join("ptx-build"))
+            .join(arch);
+        let build = PtxBuild {
+            crate_root: self.root.join("kernels-gpu/src/lib.rs"),
+            target_dir,
+            arch: arch.into(),
+            ptx_isa: PTX_ISA.into(),
+            max_registers: vec![("decode_mma_lean_".into(), params::LEAN_MAX_REGISTERS)],
+        };
+        build.build(toolchain).unwrap_or_else(|e| fail(&e.to_string()))
+    }
+}
+
+/// The pinned nightly, or a build failure that says why it is needed and how to install it.
+fn find_toolchain(why: &str) -> Toolchain {
+    let toolchain = Toolchain::find(TOOLCHAIN).unwrap_or_else(|e| {
+        fail(&format!(
+            "{why}, so the PTX is built from the kernel sources, and {e}\n\
+             (after installing it, `scripts/ship-ptx` regenerates the shipped PTX)"
+        ))
+    });
+    if why.contains("stale") {
+        println!("cargo::warning={why}: building it from source; `scripts/ship-ptx` updates ptx/");
+    }
+    toolchain
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
 }
 
 fn fail(msg: &str) -> ! {

@@ -10,8 +10,7 @@ use crate::error::{Error, Result};
 
 /// True when the CUDA driver library can be loaded on this machine.
 pub fn driver_available() -> bool {
-    // SAFETY: only probes for the shared library; touches no driver state.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    crate::driver_library::present()
 }
 
 /// A CUDA context plus a non-default stream (capturable into CUDA graphs).

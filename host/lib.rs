@@ -5,8 +5,56 @@
 //! - [`reference`](mod@reference): float64 CPU implementations of both, with the same layouts and semantics.
 //! - [`page_table`]: host-side validation of `indptr` / `indices` / `last_page_len`.
 //!
-//! Kernels are Rust (`kernels-gpu/`), compiled to PTX by rustc's NVPTX backend at build time and
-//! JIT-compiled by the CUDA driver at load time. See the README for the architecture.
+//! Kernels are Rust (`kernels-gpu/`), compiled to PTX by rustc's NVPTX backend and shipped with
+//! the package (`ptx/`), then JIT-compiled by the CUDA driver at load time. Device memory is
+//! cudarc's: the tensor views wrap [`cudarc::driver::CudaView`]s, so buffers another cudarc user
+//! owns (candle, for one) go in without copies. [`cudarc`] and [`half`] are re-exported.
+//!
+//! # Example
+//!
+//! One decode step of two requests (9 and 0 tokens) over 4-token pages; `examples/decode.rs` and
+//! `examples/serving_loop.rs` are complete programs.
+//!
+//! ```no_run
+//! use paged_decode::half::f16;
+//! use paged_decode::*;
+//!
+//! # fn main() -> Result<()> {
+//! let dev = Device::open(0)?; // Err(Error::NoDevice) without a CUDA driver
+//! let s = &dev.stream;
+//! let (pages, kv_heads, page_size, head_dim) = (8, 2, 4, 64);
+//! let paged_kv = PagedKvCacheDescriptor { page_size, num_total_pages: pages, num_kv_heads: kv_heads, head_dim,
+//!                                         element: ElementKind::F16 };
+//! let desc = BatchPagedDecodeDescriptor { batch_size: 2, num_qo_heads: 8, sm_scale: 0.125, paged_kv };
+//! let plan = BatchPagedDecodePlan::<f16>::select(s, &desc, PlanPreference::default())?;
+//!
+//! let store = [pages, kv_heads, page_size, head_dim];
+//! let numel = (pages * kv_heads * page_size * head_dim) as usize;
+//! let (k, v) = (s.alloc_zeros::<f16>(numel)?, s.alloc_zeros::<f16>(numel)?);
+//! // Request 0 owns pages 5, 2, 7 with one token in the last (9 tokens); request 1 owns none.
+//! let indices = s.clone_htod(&[5, 2, 7])?;
+//! let indptr = s.clone_htod(&[0, 3, 3])?;
+//! let last_page_len = s.clone_htod(&[1, 0])?;
+//! let q = s.alloc_zeros::<f16>(2 * 8 * 64)?;
+//! let (mut o, mut lse) = (s.alloc_zeros::<f16>(2 * 8 * 64)?, s.alloc_zeros::<f32>(2 * 8)?);
+//! // Zeroed once before its first use; every run leaves it zeroed again.
+//! let mut ws_bytes = s.alloc_zeros::<u8>(plan.workspace_size().max(1))?;
+//! let mut ws = Workspace::zeroed(s, ws_bytes.slice_mut(..))?;
+//!
+//! plan.run(s, &mut ws, &mut BatchPagedDecodeArgs {
+//!     q: TensorRef::new(q.slice(..), [2, 8, 64]),
+//!     k_data: TensorRef::new(k.slice(..), store),
+//!     v_data: TensorRef::new(v.slice(..), store),
+//!     indices: TensorRef::new(indices.slice(..), [3]),
+//!     indptr: TensorRef::new(indptr.slice(..), [3]),
+//!     last_page_len: TensorRef::new(last_page_len.slice(..), [2]),
+//!     o: TensorMut::new(o.slice_mut(..), [2, 8, 64]),
+//!     lse: TensorMut::new(lse.slice_mut(..), [2, 8]),
+//! })?;
+//! let lse = s.clone_dtoh(&lse)?; // request 1: o = 0, lse = -inf
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Safety model
 //!
@@ -51,11 +99,28 @@
 //! dropped. Capture needs a device without event tracking ([`Device::open_untracked`]): with
 //! tracking, the capturing stream would wait on events recorded before the capture, which
 //! invalidates it (`end_capture` returns the driver's error; nothing unsound happens).
+//!
+//! # Contracts
+//!
+//! - **Workspace.** A decode plan with `workspace_size() > 0` keeps its split-KV scratch and
+//!   arrival counters there ([`Workspace`]). [`Workspace::zeroed`] zeroes it once (stream-ordered);
+//!   every launch leaves the counters zero again, so it is reused across runs and graph replays
+//!   without clearing. Plans of one batch size and head count share it; a plan whose split state
+//!   differs gets [`Error::WorkspaceInUse`] rather than reading another plan's partials as
+//!   counters. Runs that share one workspace must be ordered on one stream.
+//! - **Empty batches.** A request may own no pages (`o = 0`, `lse = -inf`), and so may every
+//!   request of a batch; `indices` then still needs one element (any page id), because the CUDA
+//!   driver rejects 0-byte allocations. A buffer sized for the largest batch covers this.
+//! - **Page table.** See [`page_table`]: the fast path trusts it and stays in bounds either way.
+//! - **Linking.** The `default` features load the CUDA driver at run time and bind CUDA 12.8. A
+//!   library depending on this crate sets `default-features = false`; the final build picks
+//!   cudarc's linking mode and CUDA version (this crate forwards the same feature names).
 
 #![warn(missing_docs)]
 
 pub mod bench;
 pub mod device;
+mod driver_library;
 pub mod error;
 mod guard;
 pub mod page_table;
@@ -78,8 +143,10 @@ pub(crate) mod chunking;
 #[cfg(test)]
 mod chunking_tests;
 
+pub use cudarc;
 pub use device::Device;
 pub use error::{Error, Result};
+pub use half;
 pub use plan::{
     BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, DecodePath, PagedKvAppendArgs,
     PagedKvAppendArgsLayout, PagedKvAppendPlan,

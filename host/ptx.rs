@@ -1,4 +1,5 @@
-//! The PTX built from `kernels-gpu` by `build.rs`, and its entry points.
+//! The kernels' PTX (shipped in `ptx/`, or built from `kernels-gpu/` when that is stale; see
+//! `build.rs`), and its entry points.
 
 use crate::types::ArchSku;
 

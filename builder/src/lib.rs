@@ -1,16 +1,32 @@
-//! Builds a `#![no_std]` kernel crate to PTX without nvcc, C or C++.
+//! Builds the `#![no_std]` kernel sources to PTX without nvcc, C or C++, and keeps the record of
+//! which sources a shipped PTX file was built from.
 //!
 //! Pipeline: a nested `cargo rustc` on the pinned nightly emits the kernel crate's LLVM bitcode
 //! (`-Zbuild-std=core`, one `-C target-cpu` for every crate); [`link`] merges it with the bitcode
 //! members of `core` and `compiler_builtins`, internalizes everything but the kernel entry points,
 //! optimizes, and lowers to PTX with `llc`. All tools come from the toolchain's `llvm-tools`.
+//!
+//! These files are not a crate of their own: the root package's `build.rs` and its tests include
+//! them as a module (`#[path]`), so the published package carries them and needs no extra
+//! dependency.
 
 mod link;
+pub mod manifest;
+pub mod sha256;
 mod toolchain;
 
 use std::path::{Path, PathBuf};
 
 pub use toolchain::Toolchain;
+
+/// The nightly that compiles the kernels.
+pub const TOOLCHAIN: &str = "nightly-2026-05-20";
+
+/// PTX ISA feature passed to `llc`.
+pub const PTX_ISA: &str = "ptx78";
+
+/// Library name of the kernel crate (its bitcode is `<name>-<hash>.bc`).
+const KERNEL_CRATE: &str = "kernels_gpu";
 
 /// Builder errors carry the exact command or file that failed.
 #[derive(Debug)]
@@ -24,6 +40,7 @@ impl std::fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+/// Result of the builder's steps.
 pub type Result<T> = std::result::Result<T, BuildError>;
 
 /// LLVM's full-unroll budget, raised so the kernels' fixed-trip loops over register arrays
@@ -33,8 +50,8 @@ pub const UNROLL_THRESHOLD: u32 = 4000;
 /// What to build and where.
 #[derive(Debug, Clone)]
 pub struct PtxBuild {
-    /// Directory holding the kernel crate's `Cargo.toml`.
-    pub crate_dir: PathBuf,
+    /// The kernel crate's root module (`kernels-gpu/src/lib.rs`).
+    pub crate_root: PathBuf,
     /// Target directory of the nested build (kept apart from the outer build's lock).
     pub target_dir: PathBuf,
     /// Virtual architecture, e.g. `sm_80`.
@@ -55,6 +72,7 @@ impl PtxBuild {
     }
 
     fn compile_bitcode(&self, toolchain: &Toolchain) -> Result<link::KernelBitcode> {
+        let crate_dir = self.write_kernel_manifest()?;
         let rustflags = [
             format!("-Ctarget-cpu={}", self.arch),
             "-Cpanic=abort".into(),
@@ -63,26 +81,51 @@ impl PtxBuild {
             format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
         ];
         let mut cmd = toolchain.cargo();
-        cmd.current_dir(&self.crate_dir)
+        cmd.current_dir(&crate_dir)
             .args(["rustc", "--release", "--target", link::TARGET, "-Zbuild-std=core"])
             .arg("--target-dir")
             .arg(&self.target_dir)
             .env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f"))
             .args(["--", "--emit=llvm-bc"]);
         toolchain::run(&mut cmd)?;
-        link::KernelBitcode::find(&self.target_dir, &crate_name(&self.crate_dir)?)
+        link::KernelBitcode::find(&self.target_dir, KERNEL_CRATE)
+    }
+
+    /// Writes the kernel crate's manifest into the nested target directory and returns the
+    /// directory. The kernel sources carry no `Cargo.toml` of their own: a directory with one is
+    /// a separate package to `cargo package`, which would leave the sources out of this one.
+    fn write_kernel_manifest(&self) -> Result<PathBuf> {
+        let dir = self.target_dir.join("kernel-crate");
+        std::fs::create_dir_all(&dir).map_err(|e| BuildError(format!("creating {}: {e}", dir.display())))?;
+        let manifest = dir.join("Cargo.toml");
+        std::fs::write(&manifest, kernel_manifest(&self.crate_root))
+            .map_err(|e| BuildError(format!("writing {}: {e}", manifest.display())))?;
+        Ok(dir)
     }
 }
 
-/// The library name of the crate at `dir` (package name with `-` replaced by `_`).
-fn crate_name(dir: &Path) -> Result<String> {
-    let manifest = dir.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest)
-        .map_err(|e| BuildError(format!("reading {}: {e}", manifest.display())))?;
-    text.lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix("name"))
-        .and_then(|rest| rest.split('"').nth(1))
-        .map(|name| name.replace('-', "_"))
-        .ok_or_else(|| BuildError(format!("no package name in {}", manifest.display())))
+/// The kernel crate's `Cargo.toml`: a standalone workspace whose library is `crate_root`.
+fn kernel_manifest(crate_root: &Path) -> String {
+    let root = crate_root.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        r#"[package]
+name = "{name}"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+[lib]
+path = "{root}"
+crate-type = ["rlib"]
+
+[profile.release]
+opt-level = 3
+panic = "abort"
+codegen-units = 1
+debug = false
+
+[workspace]
+"#,
+        name = KERNEL_CRATE.replace('_', "-"),
+    )
 }

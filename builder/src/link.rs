@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::toolchain::{Toolchain, run};
-use crate::{BuildError, Result};
+use super::toolchain::{Toolchain, run};
+use super::{BuildError, Result};
 
 pub const TARGET: &str = "nvptx64-nvidia-cuda";
 
@@ -82,7 +82,7 @@ pub fn link_to_ptx(
         .arg(&linked))?;
     run(std::process::Command::new(tc.llvm_tool("opt"))
         .arg("-passes=internalize,globaldce,default<O3>")
-        .arg(format!("-unroll-threshold={}", crate::UNROLL_THRESHOLD))
+        .arg(format!("-unroll-threshold={}", super::UNROLL_THRESHOLD))
         .arg(format!("--internalize-public-api-list={}", entries.join(",")))
         .arg(&linked)
         .arg("-o")
@@ -92,7 +92,35 @@ pub fn link_to_ptx(
         .arg(&optimized)
         .arg("-o")
         .arg(&ptx))?;
-    std::fs::read_to_string(&ptx).map_err(|e| BuildError(format!("reading {}: {e}", ptx.display())))
+    let text =
+        std::fs::read_to_string(&ptx).map_err(|e| BuildError(format!("reading {}: {e}", ptx.display())))?;
+    Ok(without_crate_disambiguators(&text))
+}
+
+/// `text` with the crate disambiguators of its v0-mangled names (`Cs<hash>_` before a crate
+/// name) replaced by `Cs_`. Cargo derives them from each crate's source path, which for `core`
+/// is inside the toolchain's install directory; without them the PTX is the same on every
+/// machine. The names are internal functions and comments, so only their spelling changes.
+pub fn without_crate_disambiguators(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while let Some(found) = text[i..].find("Cs") {
+        let hash_start = i + found + 2;
+        let hash_len = bytes[hash_start..].iter().take_while(|b| b.is_ascii_alphanumeric()).count();
+        let after = hash_start + hash_len;
+        let is_disambiguator = hash_len > 0
+            && bytes.get(after) == Some(&b'_')
+            && bytes.get(after + 1).is_some_and(u8::is_ascii_digit);
+        if is_disambiguator {
+            out.push_str(&text[copied..hash_start]);
+            copied = after;
+        }
+        i = hash_start;
+    }
+    out.push_str(&text[copied..]);
+    out
 }
 
 /// Unmangled (`#[no_mangle]`) functions defined by the kernel crate: its entry points.
@@ -132,7 +160,7 @@ pub fn limit_registers(ptx: &str, limits: &[(String, u32)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::limit_registers;
+    use super::{limit_registers, without_crate_disambiguators};
 
     #[test]
     fn maxnreg_goes_between_the_parameters_and_the_body_of_matching_entries() {
@@ -141,5 +169,18 @@ mod tests {
         assert_eq!(out.matches(".maxnreg 128").count(), 1);
         assert!(out.contains(")\n.maxnreg 128\n{\n\tret;"));
         assert!(out.contains(".visible .entry other(\n)\n{"));
+    }
+
+    #[test]
+    fn crate_disambiguators_are_dropped_and_nothing_else() {
+        let ptx = ".func _RNvNtNtCsjyqfColeDL_4core9panicking11panic_const23panic_const_div_by_zero\n\
+                   $L__BB0_6: // %_RINvNtCs5o5Wr52bBeZ_11kernels_gpu6append12append_tokenfEB4_.exit\n\
+                   Cs_4core Csx_y Cs9 CsAb_ ld.global.nc.v4.b32";
+        assert_eq!(
+            without_crate_disambiguators(ptx),
+            ".func _RNvNtNtCs_4core9panicking11panic_const23panic_const_div_by_zero\n\
+             $L__BB0_6: // %_RINvNtCs_11kernels_gpu6append12append_tokenfEB4_.exit\n\
+             Cs_4core Csx_y Cs9 CsAb_ ld.global.nc.v4.b32"
+        );
     }
 }

@@ -1,12 +1,17 @@
-//! The pinned nightly: presence check, installation through rustup, and clean child processes.
+//! The pinned nightly: presence check (never an installation) and clean child processes.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::{BuildError, Result};
+use super::{BuildError, Result};
 
 /// Components the NVPTX pipeline needs.
 const COMPONENTS: &str = "rust-src,llvm-tools";
+
+/// The command that installs toolchain `name` with the components the pipeline needs.
+pub fn install_command(name: &str) -> String {
+    format!("rustup toolchain install {name} --profile minimal --component {COMPONENTS}")
+}
 
 /// A rustup toolchain with `rust-src` and `llvm-tools`.
 #[derive(Debug, Clone)]
@@ -17,26 +22,15 @@ pub struct Toolchain {
 }
 
 impl Toolchain {
-    /// Finds `name`, installing it (with its components) through rustup when it is missing;
-    /// `notify` hears what is being installed (a build script turns it into a cargo warning).
-    pub fn ensure(name: &str, notify: impl Fn(&str)) -> Result<Self> {
-        if let Ok(tc) = Self::probe(name) {
-            return Ok(tc);
-        }
-        let install = format!("rustup toolchain install {name} --profile minimal --component {COMPONENTS}");
-        let msg = format!("toolchain {name} or a component is missing; running `{install}`");
-        eprintln!("ptx-builder: {msg}");
-        notify(&msg);
-        let status = clean_command("rustup")
-            .args(["toolchain", "install", name, "--profile", "minimal", "--component", COMPONENTS])
-            .status();
-        if !matches!(status, Ok(s) if s.success()) {
-            return Err(BuildError(format!(
-                "could not install the pinned toolchain; run `{install}` and build again"
-            )));
-        }
-        Self::probe(name)
-            .map_err(|e| BuildError(format!("{e}; after installing, run `{install}` and build again")))
+    /// Finds the installed toolchain `name` with its components. It never installs anything: a
+    /// missing toolchain or component is an error that names the `rustup` command to run.
+    pub fn find(name: &str) -> Result<Self> {
+        Self::probe(name).map_err(|e| {
+            BuildError(format!(
+                "the toolchain {name} with {COMPONENTS} is needed and not installed ({e}); install it with\n    {}",
+                install_command(name)
+            ))
+        })
     }
 
     fn probe(name: &str) -> Result<Self> {
@@ -81,9 +75,11 @@ impl Toolchain {
     }
 }
 
-/// A command that does not inherit the outer cargo's toolchain selection or flags.
+/// A command that does not inherit the outer cargo's toolchain selection or flags, and that
+/// rustup's proxies may not answer by installing a toolchain.
 pub fn clean_command(program: &str) -> Command {
     let mut cmd = Command::new(program);
+    cmd.env("RUSTUP_AUTO_INSTALL", "0");
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         let inherited = key.starts_with("CARGO")

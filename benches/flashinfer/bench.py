@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Times FlashInfer's batched paged-KV decode (BatchDecodeWithPagedKVCacheWrapper, both its
+CUDA-core and tensor-core paths; "best" is the faster) on a shape table, with the method of
+`paged-decode bench` (see common.py). Needs torch, and the flashinfer-python 0.5.3 and
+apache-tvm-ffi wheels (scripts/fetch-anchor-wheels); the first call of each head_dim
+JIT-compiles FlashInfer's kernels with the machine's nvcc (about 15 s).
+
+usage: bench.py SHAPES.json [--out FI.json] [--check]
+  --check  also compare the output with a float64 reference (first three requests)
+FI.json: [{name, bytes, cuda_core_us, tensor_core_us, best_us, [*_relerr], [*_error]}]
+"""
+import argparse
+import json
+import sys
+
+import torch
+import flashinfer
+
+from common import DEV, Problem, graph_time_us, load_shapes
+
+
+def time_path(problem, tensor_cores, check):
+    """{"<path>_us": µs[, "<path>_relerr": err]} for one FlashInfer path, or its error."""
+    s = problem.shape
+    key = "tensor_core" if tensor_cores else "cuda_core"
+    try:
+        workspace = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, s.get("layout", "HND"), use_tensor_cores=tensor_cores)
+        wrapper.plan(problem.indptr, problem.indices, problem.last_page_len, s["hq"], s["hkv"], s["d"], s["page"],
+                     q_data_type=problem.q.dtype, kv_data_type=problem.k.dtype,
+                     window_left=problem.window_left, logits_soft_cap=s.get("soft_cap"))
+        out = torch.empty_like(problem.q)
+        row = {f"{key}_us": graph_time_us(lambda: wrapper.run(problem.q, (problem.k, problem.v), out=out))}
+        if check:
+            row[f"{key}_relerr"] = problem.max_rel_err(out)
+        return row
+    except Exception as ex:  # the CUDA-core path rejects some GQA group sizes
+        return {f"{key}_us": None, f"{key}_error": repr(ex)[:160]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shapes")
+    ap.add_argument("--out")
+    ap.add_argument("--check", action="store_true", help="compare FlashInfer against a float64 reference")
+    args = ap.parse_args()
+    print(f"flashinfer {flashinfer.__version__} on {torch.cuda.get_device_name()}")
+    print(f"{'shape':30s} {'MB':>8s} {'cuda-core us':>13s} {'tensor-core us':>15s} {'best TB/s':>10s}")
+    fmt = lambda t: f"{t:10.1f}" if t is not None else "      FAIL"
+    results = []
+    for i, shape in enumerate(load_shapes(args.shapes)):
+        problem = Problem(shape, seed=1000 + i)
+        row = {"name": shape["name"], "bytes": problem.bytes_read()}
+        for tensor_cores in (False, True):
+            row.update(time_path(problem, tensor_cores, args.check))
+        times = [t for t in (row["cuda_core_us"], row["tensor_core_us"]) if t is not None]
+        row["best_us"] = min(times) if times else None
+        results.append(row)
+        tb_s = row["bytes"] / (row["best_us"] * 1e-6) / 1e12 if row["best_us"] else float("nan")
+        print(f"{shape['name']:30s} {row['bytes'] / 1e6:8.1f} {fmt(row['cuda_core_us']):>13s} "
+              f"{fmt(row['tensor_core_us']):>15s} {tb_s:10.2f}", flush=True)
+    if args.out:
+        json.dump(results, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Side-by-side table of our decode timings against FlashInfer's better path, per shape name,
+with the geomean speedup (> 1: ours is faster); with XQA.json, XQA's time as a third column.
+
+usage: compare.py OURS.json FI.json [XQA.json]
+OURS.json: `paged-decode bench --json` rows ({"name", "us", ...}); FI.json from bench.py;
+XQA.json from xqa.py.
+"""
+import json
+import math
+import sys
+
+
+def main():
+    if len(sys.argv) not in (3, 4):
+        sys.exit(__doc__)
+    ours = {r["name"]: r for r in json.load(open(sys.argv[1]))}
+    fi = json.load(open(sys.argv[2]))
+    xqa = {r["name"]: r for r in json.load(open(sys.argv[3]))} if len(sys.argv) == 4 else None
+    xqa_head = f" {'XQA us':>8s}" if xqa is not None else ""
+    print(f"{'shape':30s} {'ours us':>9s} {'FI best us':>11s} {'speedup':>8s} {'ours TB/s':>10s}{xqa_head}")
+    logs = []
+    for r in fi:
+        o = ours.get(r["name"])
+        x = (xqa or {}).get(r["name"], {}).get("xqa_us")
+        xqa_col = (f" {x:8.1f}" if x is not None else f" {'-':>8s}") if xqa is not None else ""
+        if o is None or r.get("best_us") is None or o.get("us") is None:
+            print(f"{r['name']:30s} {'-':>9s} {str(r.get('best_us')):>11s}")
+            continue
+        speedup = r["best_us"] / o["us"]
+        logs.append(math.log(speedup))
+        tb_s = r["bytes"] / (o["us"] * 1e-6) / 1e12
+        print(f"{r['name']:30s} {o['us']:9.1f} {r['best_us']:11.1f} {speedup:8.2f} {tb_s:10.2f}{xqa_col}")
+    if logs:
+        print(f"geomean speedup over {len(logs)} shapes: {math.exp(sum(logs) / len(logs)):.3f}   "
+              f"worst: {math.exp(min(logs)):.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
