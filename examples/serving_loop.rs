@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use common::{
     DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Rng, Sequence,
-    TOLERANCE, exit_code, lse_err, open_device, paged_kv, rel_err, within_tolerance,
+    TOLERANCE, exit_code, lse_err, open_device_for_capture, paged_kv, rel_err, within_tolerance,
 };
 use paged_decode::cudarc::driver::CudaSlice;
 use paged_decode::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -147,7 +147,9 @@ impl Engine {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let Some(dev) = open_device("serving loop example")? else { return Ok(()) };
+    // SAFETY: every transfer, append, decode and graph replay goes through `dev.stream`, and the
+    // buffers the graph uses (`Buffers`) outlive it.
+    let Some(dev) = (unsafe { open_device_for_capture("serving loop example") })? else { return Ok(()) };
     let stream = &dev.stream;
     let paged_kv = paged_kv(NUM_PAGES);
     let append_desc = PagedKvAppendDescriptor { batch_size: SLOTS as i32, paged_kv };

@@ -44,7 +44,23 @@ pub fn exit_code(example: &str, result: Result<(), Box<dyn std::error::Error>>) 
 
 /// The first GPU, or `None` after saying that there is no CUDA driver (the examples then exit 0).
 pub fn open_device(example: &str) -> Result<Option<Device>, Error> {
-    match Device::open(0) {
+    opened(example, Device::open(0))
+}
+
+/// [`open_device`] without cudarc's cross-stream event tracking, which CUDA graph capture needs
+/// (with it, the capturing stream would wait on events recorded before the capture).
+///
+/// # Safety
+/// The caller issues all work on the device's one stream, and keeps every buffer a captured
+/// graph uses alive until the graph is dropped ([`Device::open_untracked`]).
+#[allow(dead_code)]
+pub unsafe fn open_device_for_capture(example: &str) -> Result<Option<Device>, Error> {
+    // SAFETY: forwarded to the caller.
+    opened(example, unsafe { Device::open_untracked(0) })
+}
+
+fn opened(example: &str, device: Result<Device, Error>) -> Result<Option<Device>, Error> {
+    match device {
         Ok(device) => {
             println!("{example}: running on {}", device.name()?);
             Ok(Some(device))
