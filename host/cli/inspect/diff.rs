@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
+use super::mix::{self, Mix};
 use super::report::{EntryReport, RESOURCE_FIELDS, Report};
 
 /// One metric of one entry build, in the baseline and now (`None`: not measured there).
@@ -81,7 +82,11 @@ fn entry_rows(old: Option<&EntryReport>, new: Option<&EntryReport>) -> Vec<Row> 
         let comparable = one_sided || values.iter().all(Option::is_some);
         if comparable && (values[0] != values[1] || notes[0] != notes[1]) {
             let [old_note, new_note] = notes;
-            let note = if old_note == new_note { new_note } else { format!("{old_note} → {new_note}") };
+            let note = match (old_note.strip_prefix("limited by "), new_note.strip_prefix("limited by ")) {
+                _ if old_note == new_note => new_note,
+                (Some(a), Some(b)) => format!("limited by {a} → {b}"),
+                _ => format!("{old_note} → {new_note}"),
+            };
             rows.push(Row { metric, old: values[0], new: values[1], note });
         }
     };
@@ -146,6 +151,8 @@ pub fn render(base: &Report, current: &Report, diffs: &[EntryDiff]) -> String {
         return s;
     }
     let _ = writeln!(s, "{} of {total} entry builds differ\n", diffs.len());
+    s.push_str(&summary_table(base, current, diffs));
+    s.push('\n');
     for d in diffs {
         let _ = writeln!(s, "{} {} ({})", d.arch, d.entry, d.status);
         let _ = writeln!(s, "    {:<28} {:>10} {:>10} {:>9}", "", "baseline", "current", "change");
@@ -156,8 +163,7 @@ pub fn render(base: &Report, current: &Report, diffs: &[EntryDiff]) -> String {
                 _ => String::new(),
             };
             let mark = if row.is_regression() { "!" } else { "*" };
-            let _ = writeln!(
-                s,
+            let line = format!(
                 "  {mark} {:<28} {:>10} {:>10} {:>9}  {}",
                 row.metric,
                 show(row.old),
@@ -165,7 +171,55 @@ pub fn render(base: &Report, current: &Report, diffs: &[EntryDiff]) -> String {
                 change,
                 row.note
             );
+            let _ = writeln!(s, "{}", line.trim_end());
         }
+    }
+    s
+}
+
+/// Headline numbers of an entry build: registers, spill bytes, stack, code bytes, CTAs per SM
+/// over its launches, PTX and SASS instruction counts.
+fn headline(e: &EntryReport) -> [Option<String>; 7] {
+    let r = e.resources.as_ref();
+    let ctas: Vec<u32> = e.launches.iter().filter_map(|l| Some(l.occupancy.as_ref()?.ctas_per_sm)).collect();
+    let ctas = match (ctas.iter().min(), ctas.iter().max()) {
+        (Some(lo), Some(hi)) if lo == hi => Some(lo.to_string()),
+        (Some(lo), Some(hi)) => Some(format!("{lo}..{hi}")),
+        _ => None,
+    };
+    let total = |m: Option<&Mix>| m.map(|m| m.get(mix::TOTAL).copied().unwrap_or(0).to_string());
+    [
+        r.map(|r| r.registers.to_string()),
+        r.map(|r| (r.spill_store_bytes + r.spill_load_bytes).to_string()),
+        r.map(|r| r.stack_frame_bytes.to_string()),
+        r.map(|r| r.code_bytes.to_string()),
+        ctas,
+        total(Some(&e.ptx_mix)),
+        total(e.sass_mix.as_ref()),
+    ]
+}
+
+/// One line per differing entry build with its headline numbers, `old→new` where they moved.
+fn summary_table(base: &Report, current: &Report, diffs: &[EntryDiff]) -> String {
+    const COLUMNS: [&str; 7] = ["regs", "spill", "stack", "code bytes", "CTAs/SM", "PTX instr", "SASS instr"];
+    let mut s = format!("{:<34}", "entry build");
+    for title in COLUMNS {
+        let _ = write!(s, " {title:>13}");
+    }
+    s.push('\n');
+    for d in diffs {
+        let old = find_entry(base, &d.arch, &d.entry).map(headline);
+        let new = find_entry(current, &d.arch, &d.entry).map(headline);
+        let _ = write!(s, "{:<34}", format!("{} {}", d.arch, d.entry));
+        for i in 0..COLUMNS.len() {
+            let (a, b) = (old.as_ref().and_then(|h| h[i].clone()), new.as_ref().and_then(|h| h[i].clone()));
+            let cell = match (a, b) {
+                (Some(a), Some(b)) if a != b => format!("{a}→{b}"),
+                (a, b) => b.or(a).unwrap_or_else(|| "-".into()),
+            };
+            let _ = write!(s, " {cell:>13}");
+        }
+        s.push('\n');
     }
     s
 }

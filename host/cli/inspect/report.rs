@@ -285,8 +285,8 @@ mod tests {
         assert!(wrong.is_err());
     }
 
-    /// With ptxas: every decode entry gets an occupancy per launch, and the shipped kernels
-    /// have no spills (the same check as `tests/ptx.rs`, through the report).
+    /// With ptxas: every entry has resources, a known launch configuration and an occupancy
+    /// for each launch.
     #[test]
     fn with_ptxas_every_launch_has_an_occupancy() {
         let Some(ptxas) = ptxas::find() else {
@@ -294,7 +294,6 @@ mod tests {
             return;
         };
         let report = build(&Tools { ptxas: Some(ptxas), disassembler: None }).unwrap();
-        assert!(report.spills_and_stack().is_empty(), "{:?}", report.spills_and_stack());
         for e in report.builds.iter().flat_map(|b| &b.entries) {
             let r = e.resources.as_ref().unwrap_or_else(|| panic!("{}: no ptxas report", e.entry));
             assert!(r.registers > 0 && r.code_bytes > 0, "{}: {r:?}", e.entry);
@@ -303,5 +302,29 @@ mod tests {
                 assert!(l.occupancy.as_ref().is_some_and(|o| o.ctas_per_sm >= 1), "{} {}", e.entry, l.label);
             }
         }
+    }
+
+    #[test]
+    fn spills_and_stack_frames_are_listed() {
+        let mut report = build(&no_tools()).unwrap();
+        let clean = Resources {
+            registers: 32,
+            static_smem_bytes: 0,
+            stack_frame_bytes: 0,
+            spill_store_bytes: 0,
+            spill_load_bytes: 0,
+            code_bytes: 1024,
+        };
+        for e in report.builds.iter_mut().flat_map(|b| &mut b.entries) {
+            e.resources = Some(clean.clone());
+        }
+        assert!(report.spills_and_stack().is_empty());
+        let entry = &mut report.builds[1].entries[0];
+        entry.resources = Some(Resources { stack_frame_bytes: 16, spill_store_bytes: 8, ..clean });
+        let name = entry.entry.clone();
+        assert_eq!(
+            report.spills_and_stack(),
+            [format!("sm_90 {name}: 16 bytes stack frame, 8 bytes spill stores, 0 bytes spill loads")]
+        );
     }
 }

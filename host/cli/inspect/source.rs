@@ -62,15 +62,12 @@ impl LineInfo {
         if raw_locs.is_empty() {
             return None;
         }
-        let mut files: Vec<(u32, String)> = file_ids.into_iter().collect();
+        let mut files: Vec<(u32, String)> = file_ids.iter().map(|(id, path)| (*id, path.clone())).collect();
         files.sort();
         let mut info = Self { locs: Vec::new(), files };
         for (number, file_id, line, comment) in raw_locs {
-            let innermost = match info.files.iter().find(|(id, _)| *id == file_id) {
-                Some((_, path)) => Frame { file: path.clone(), line },
-                None => Frame { file: format!("file {file_id}"), line },
-            };
-            let mut chain = vec![innermost];
+            let file = file_ids.get(&file_id).cloned().unwrap_or_else(|| format!("file {file_id}"));
+            let mut chain = vec![Frame { file, line }];
             chain.extend(comment.split("@[").skip(1).filter_map(|frame| info.frame(frame)));
             info.locs.push((number, chain));
         }
