@@ -163,7 +163,8 @@ fn summary() -> Result<()> {
 
 fn resource_table(b80: &report::Build, b90: &report::Build) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{:<28} | {:^32} | {:^32}", "", "sm_80", "sm_90");
+    let title = format!("{:<28} | {:^32} | {:^32}", "", "sm_80", "sm_90");
+    let _ = writeln!(s, "{}", title.trim_end());
     let _ = writeln!(
         s,
         "{:<28} | {:>5} {:>6} {:>6} {:>6} {:>5} | {:>5} {:>6} {:>6} {:>6} {:>5}",
@@ -196,8 +197,8 @@ fn occupancy_table(b80: &report::Build, b90: &report::Build) -> String {
         writeln!(s, "occupancy per SM of the launch configurations the plan uses (CTAs, warps, limited by):");
     let _ = writeln!(
         s,
-        "{:<28} {:<13} {:>7} {:>15} | {:<34} | {:<34}",
-        "entry", "launch", "threads", "dyn smem", "sm_80", "sm_90"
+        "{:<28} {:<13} {:>7} {:>15} | {:<34} | sm_90",
+        "entry", "launch", "threads", "dyn smem", "sm_80"
     );
     for (e80, e90) in b80.entries.iter().zip(&b90.entries) {
         let pairs: Vec<_> = e80.launches.iter().zip(&e90.launches).collect();
@@ -217,7 +218,7 @@ fn occupancy_table(b80: &report::Build, b90: &report::Build) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:<28} {:<13} {:>7} {:>15} | {:<34} | {:<34}",
+                "{:<28} {:<13} {:>7} {:>15} | {:<34} | {}",
                 e80.entry,
                 label,
                 first.threads,
@@ -290,7 +291,7 @@ fn entry_view(entry: &str) -> Result<()> {
             });
             let _ = write!(row, " | {arch}: {text:<26}");
         }
-        println!("{row}");
+        println!("{}", row.trim_end());
     }
     println!("\n{}", mix_comparison(&per_arch));
     Ok(())
