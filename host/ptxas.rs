@@ -31,7 +31,7 @@ pub struct KernelReport {
 pub const INSTALL_HINT: &str = "install ptxas with `python3 -m pip install nvidia-cuda-nvcc-cu12==12.9.86` \
      (or point the PTXAS environment variable at a ptxas binary)";
 
-/// Finds ptxas: `$PTXAS`, then `PATH`, then the PyPI `nvidia-cuda-nvcc-cu12` wheel.
+/// Finds ptxas ([`find_tool`]): `$PTXAS`, then `PATH`, then the PyPI `nvidia-cuda-nvcc-cu12` wheel.
 pub fn find() -> Option<PathBuf> {
     find_tool("PTXAS", "ptxas", &["nvidia/cuda_nvcc/bin"])
 }
