@@ -230,7 +230,7 @@ fn occupancy_table(b80: &report::Build, b90: &report::Build) -> String {
     }
     let _ = writeln!(
         s,
-        "dyn smem: params::decode_smem_bytes(head_dim, q_tiles), q_tiles = ceil(min(group, heads per CTA) / 16)"
+        "dyn smem: params::mma_smem_bytes(tiling, head_dim, q_tiles), q_tiles = ceil(min(group, heads per CTA) / 16)"
     );
     s
 }

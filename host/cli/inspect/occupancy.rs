@@ -101,30 +101,32 @@ const READ_BANDWIDTH_THREADS: u32 = 256;
 
 /// The launch configurations the plan (and the bench, for `read_bandwidth`) uses for `entry`;
 /// empty for an entry it does not know. The tensor-core decode entries launch with the dynamic
-/// shared memory of `q_tiles` 16-row query tiles, `q_tiles = ceil(min(group, heads per CTA) / 16)`.
+/// shared memory of `q_tiles` 16-row query tiles of their tiling (`params::standard_tiling`, or
+/// `params::lean_tiling` for `decode_mma_lean_*`), `q_tiles = ceil(min(group, heads per CTA) / 16)`.
 pub fn launches(entry: &str) -> Vec<Launch> {
-    let single = |threads| vec![Launch { label: String::new(), threads, dynamic_smem: 0 }];
+    let single = |threads, dynamic_smem| vec![Launch { label: String::new(), threads, dynamic_smem }];
     if entry.starts_with("decode_mma_") {
         let Some(head_dim) = head_dim(entry) else { return Vec::new() };
-        let max_tiles = params::decode_heads_per_cta(head_dim) / 16;
-        return (1..=max_tiles)
+        let tiling = match entry.starts_with("decode_mma_lean_") {
+            true => params::lean_tiling(head_dim),
+            false => params::standard_tiling(head_dim),
+        };
+        return (1..=tiling.heads_per_cta / 16)
             .map(|q_tiles| Launch {
                 label: format!("q_tiles={q_tiles}"),
                 threads: params::DECODE_THREADS,
-                dynamic_smem: params::decode_smem_bytes(head_dim, q_tiles),
+                dynamic_smem: params::mma_smem_bytes(tiling, head_dim, q_tiles),
             })
             .collect();
     }
-    if entry.starts_with("decode_simt_") || entry == "check_page_table" {
-        return single(params::DECODE_THREADS);
+    match entry {
+        "check_page_table" => single(params::DECODE_THREADS, 0),
+        "schedule_chunks" => single(params::SCHEDULE_THREADS, params::SCHEDULE_SMEM_BYTES),
+        "read_bandwidth" => single(READ_BANDWIDTH_THREADS, 0),
+        _ if entry.starts_with("decode_simt_") => single(params::DECODE_THREADS, 0),
+        _ if entry.starts_with("append_") => single(APPEND_THREADS, 0),
+        _ => Vec::new(),
     }
-    if entry.starts_with("append_") {
-        return single(APPEND_THREADS);
-    }
-    if entry == "read_bandwidth" {
-        return single(READ_BANDWIDTH_THREADS);
-    }
-    Vec::new()
 }
 
 /// The head dimension in an entry's name (`…_d128` → 128).
@@ -167,9 +169,13 @@ mod tests {
     fn decode_launches_follow_the_plan_parameters() {
         let d128 = launches("decode_mma_split_f16_d128");
         assert_eq!(d128.len(), 4);
-        assert_eq!(d128[3].dynamic_smem, params::decode_smem_bytes(128, 4));
+        assert_eq!(d128[3].dynamic_smem, params::mma_smem_bytes(params::standard_tiling(128), 128, 4));
         assert!(d128.iter().all(|l| l.threads == params::DECODE_THREADS));
         assert_eq!(launches("decode_mma_bf16_d256").len(), 2);
+        let lean = launches("decode_mma_lean_f16_d128");
+        assert_eq!(lean.len(), 2);
+        assert_eq!(lean[0].dynamic_smem, params::mma_smem_bytes(params::lean_tiling(128), 128, 1));
+        assert_eq!(launches("schedule_chunks")[0].threads, params::SCHEDULE_THREADS);
         assert_eq!(launches("decode_simt_f32_d64")[0].dynamic_smem, 0);
         assert_eq!(launches("append_f16")[0].threads, 32);
         assert!(launches("unknown").is_empty());
