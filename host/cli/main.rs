@@ -52,7 +52,7 @@ enum Command {
         #[arg(long, value_name = "BASELINE")]
         diff: Option<PathBuf>,
         /// Show ENTRY's PTX (its SASS with `--sass`) under the Rust lines it comes from; needs a
-        /// build with PAGED_DECODE_PTX_LINEINFO=1.
+        /// build with PAGED_DECODE_BUILD_PTX=1 PAGED_DECODE_PTX_LINEINFO=1.
         #[arg(long, value_name = "ENTRY", conflicts_with_all = ["json", "diff"])]
         source: Option<String>,
         /// With `--source`: only the code of one Rust function (`NAME`, inlined callees included)

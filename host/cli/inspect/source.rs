@@ -1,4 +1,4 @@
-//! Source mapping. Built with `PAGED_DECODE_PTX_LINEINFO=1`, the PTX carries `.loc` line
+//! Source mapping. Built from source with `PAGED_DECODE_PTX_LINEINFO=1`, the PTX carries `.loc` line
 //! directives, each commented by llc with the calls it was inlined through
 //! (`.loc 7 312 9 // src/decode.rs:312:9 @[ src/lib.rs:33:1 ]`). That maps every PTX
 //! instruction, and through ptxas `-lineinfo` and `nvdisasm -gp` (SASS → PTX line) every SASS
@@ -13,9 +13,9 @@ use super::mix::{self, Mix};
 use super::ptx_text::EntrySpan;
 
 /// Why `--source` cannot work on this build, and how to fix it.
-pub const NO_LINE_INFO: &str = "the embedded PTX has no line info; build it with `PAGED_DECODE_PTX_LINEINFO=1` \
-     (`PAGED_DECODE_PTX_LINEINFO=1 cargo run --release -- inspect --source ENTRY`; keep the variable set on \
-     every cargo command, or the next build drops the line info)";
+pub const NO_LINE_INFO: &str = "the embedded PTX has no line info; build it from source with line info \
+     (`PAGED_DECODE_BUILD_PTX=1 PAGED_DECODE_PTX_LINEINFO=1 cargo run --release -- inspect --source ENTRY`; keep \
+     both variables set on every cargo command, or the next build embeds the shipped PTX again)";
 
 /// One source position: absolute path and 1-based line.
 #[derive(Debug, Clone, PartialEq, Eq)]
