@@ -2,7 +2,7 @@
 //! ptxas is not needed at run time (the driver JIT-compiles the PTX); it is a tool for reading
 //! what the PTX costs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// One entry point's resources for one architecture.
@@ -31,55 +31,105 @@ pub struct KernelReport {
 pub const INSTALL_HINT: &str = "install ptxas with `python3 -m pip install nvidia-cuda-nvcc-cu12==12.9.86` \
      (or point the PTXAS environment variable at a ptxas binary)";
 
-/// Finds ptxas: `$PTXAS`, then `PATH`, then the PyPI `nvidia-cuda-nvcc-cu12` wheel.
+/// Finds ptxas ([`find_tool`]): `$PTXAS`, then `PATH`, then the PyPI `nvidia-cuda-nvcc-cu12` wheel.
 pub fn find() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("PTXAS").map(PathBuf::from).filter(|p| p.is_file()) {
-        return Some(p);
+    find_tool("PTXAS", "ptxas", &["nvidia/cuda_nvcc/bin"])
+}
+
+/// Finds a CUDA command-line tool: the environment variable `env` if it is set (a path that is
+/// not a file means "none", so a tool can be hidden), then `name` on `PATH`, then `name` in
+/// each of `wheel_dirs` under Python's site-packages directories (where PyPI wheels put them).
+pub fn find_tool(env: &str, name: &str, wheel_dirs: &[&str]) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
     if let Some(p) = std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
-        .map(|d| d.join("ptxas"))
+        .map(|d| d.join(name))
         .find(|p| p.is_file())
     {
         return Some(p);
     }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import site, sys; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))",
-        ])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|dir| PathBuf::from(dir.trim()).join("nvidia/cuda_nvcc/bin/ptxas"))
+    python_site_dirs()
+        .iter()
+        .flat_map(|site| wheel_dirs.iter().map(move |dir| site.join(dir).join(name)))
         .find(|p| p.is_file())
 }
 
-/// Assembles `ptx` for `arch` (e.g. `sm_90`) and parses the per-entry report.
-pub fn report(ptxas: &std::path::Path, ptx: &str, arch: &str) -> Result<Vec<KernelReport>, String> {
-    let dir = std::env::temp_dir().join(format!("paged-decode-ptxas-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+/// Python's site-packages directories (system and user), asked once; empty without python3.
+fn python_site_dirs() -> &'static [PathBuf] {
+    static DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let script = "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))";
+        Command::new("python3")
+            .args(["-c", script])
+            .output()
+            .map(|out| {
+                String::from_utf8_lossy(&out.stdout).lines().map(|l| PathBuf::from(l.trim())).collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// The version a CUDA tool reports (`Cuda compilation tools, release 12.9, V12.9.86` →
+/// `12.9.86`), or `None` if it does not say.
+pub fn version(tool: &Path) -> Option<String> {
+    let out = Command::new(tool).arg("--version").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix('V'))
+        .find(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+        .map(str::to_string)
+}
+
+/// What one ptxas run produced: the cubin and the `-v` log.
+pub struct Assembly {
+    /// The ELF image ptxas wrote.
+    pub cubin: Vec<u8>,
+    /// ptxas's stdout and stderr (the `-v` resource lines).
+    pub log: String,
+}
+
+/// Runs `ptxas -arch=<arch> -v <extra_args>` on `ptx` and returns the cubin and the log.
+pub fn assemble(ptxas: &Path, ptx: &str, arch: &str, extra_args: &[&str]) -> Result<Assembly, String> {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("paged-decode-ptxas-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let src = dir.join(format!("kernels-{arch}.ptx"));
-    std::fs::write(&src, ptx).map_err(|e| e.to_string())?;
     let cubin = dir.join(format!("kernels-{arch}.cubin"));
-    let out = Command::new(ptxas)
-        .args([&format!("-arch={arch}"), "-v", "-o"])
-        .arg(&cubin)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("running {}: {e}", ptxas.display()));
+    let out =
+        std::fs::write(&src, ptx).map_err(|e| format!("writing {}: {e}", src.display())).and_then(|()| {
+            Command::new(ptxas)
+                .args([&format!("-arch={arch}"), "-v"])
+                .args(extra_args)
+                .arg("-o")
+                .arg(&cubin)
+                .arg(&src)
+                .output()
+                .map_err(|e| format!("running {}: {e}", ptxas.display()))
+        });
     let elf = std::fs::read(&cubin);
     let _ = std::fs::remove_dir_all(&dir);
     let out = out?;
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        return Err(format!("ptxas failed for {arch}:\n{text}"));
+        return Err(format!("ptxas failed for {arch}:\n{log}"));
     }
-    let sections = elf_sections(&elf.map_err(|e| format!("reading the cubin: {e}"))?)
+    Ok(Assembly { cubin: elf.map_err(|e| format!("reading the cubin: {e}"))?, log })
+}
+
+/// Assembles `ptx` for `arch` (e.g. `sm_90`) and parses the per-entry report.
+pub fn report(ptxas: &Path, ptx: &str, arch: &str) -> Result<Vec<KernelReport>, String> {
+    report_of(&assemble(ptxas, ptx, arch, &[])?, arch)
+}
+
+/// The per-entry report of an [`assemble`] run for `arch`.
+pub fn report_of(assembly: &Assembly, arch: &str) -> Result<Vec<KernelReport>, String> {
+    let sections = elf_sections(&assembly.cubin)
         .ok_or_else(|| format!("ptxas wrote a cubin for {arch} that is not a 64-bit ELF file"))?;
-    let mut reports = parse(&text, arch);
+    let mut reports = parse(&assembly.log, arch);
     for r in &mut reports {
         let name = format!(".text.{}", r.entry);
         r.code_bytes = sections.iter().find(|(n, _)| *n == name).map_or(0, |&(_, size)| size as u32);

@@ -47,6 +47,16 @@ pub type Result<T> = std::result::Result<T, BuildError>;
 /// unroll completely (a loop left rolled puts its array in local memory).
 pub const UNROLL_THRESHOLD: u32 = 4000;
 
+/// Set to `1` for line info (`.loc` / `.file`) in the PTX built from source, which
+/// `inspect --source` maps back to the Rust source; off by default (the shipped PTX has none).
+/// A build script that builds rerun when it changes.
+pub const LINE_INFO_ENV: &str = "PAGED_DECODE_PTX_LINEINFO";
+
+fn line_info_requested() -> bool {
+    println!("cargo::rerun-if-env-changed={LINE_INFO_ENV}");
+    std::env::var(LINE_INFO_ENV).is_ok_and(|v| v == "1")
+}
+
 /// What to build and where.
 #[derive(Debug, Clone)]
 pub struct PtxBuild {
@@ -73,13 +83,16 @@ impl PtxBuild {
 
     fn compile_bitcode(&self, toolchain: &Toolchain) -> Result<link::KernelBitcode> {
         let crate_dir = self.write_kernel_manifest()?;
-        let rustflags = [
+        let mut rustflags = vec![
             format!("-Ctarget-cpu={}", self.arch),
             "-Cpanic=abort".into(),
             "-Copt-level=3".into(),
             // Register arrays must be indexed by constants: unroll fixed-trip loops fully.
             format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
         ];
+        if line_info_requested() {
+            rustflags.push("-Cdebuginfo=line-directives-only".into());
+        }
         let mut cmd = toolchain.cargo();
         cmd.current_dir(&crate_dir)
             .args(["rustc", "--release", "--target", link::TARGET, "-Zbuild-std=core"])

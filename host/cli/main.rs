@@ -1,12 +1,14 @@
 //! `paged-decode`: the main job (a realistic decode step), PTX inspection and the benchmark.
 
+mod inspect;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use half::f16;
 use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
-use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, bench, ptx, ptxas};
+use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, bench};
 
 #[derive(Parser)]
 #[command(version, about = "Batched paged-KV decode attention in pure Rust (PTX from rustc's NVPTX backend)")]
@@ -24,14 +26,39 @@ enum Command {
         #[arg(long, default_value_t = 4096)]
         kv_len: usize,
     },
-    /// List the PTX entry points with their ptxas resource report for sm_80 and sm_90.
+    /// The kernels as a tuner reads them, without a GPU: per entry, ptxas resources, occupancy of
+    /// the plan's launch configurations and the instruction mix for sm_80 and sm_90; SASS
+    /// listings, a JSON report and its diff against a baseline, and a source-mapped view.
     Inspect {
-        /// Print the PTX itself: the build that `--arch` loads.
-        #[arg(long)]
+        /// Print the PTX itself (one entry with `--entry`): the build that `--arch` loads.
+        #[arg(long, conflicts_with_all = ["sass", "json", "diff", "source"])]
         ptx: bool,
-        /// Architecture whose PTX `--ptx` prints (`sm_80`: the portable build).
+        /// Print the SASS ptxas makes for `--arch` (one entry with `--entry`); needs ptxas and
+        /// nvdisasm or cuobjdump. With `--source`: map the SASS instead of the PTX.
+        #[arg(long, conflicts_with_all = ["json", "diff"])]
+        sass: bool,
+        /// Build and target of `--ptx`, `--sass` and `--source` (`sm_80`: the portable build).
         #[arg(long, default_value = "sm_90", value_parser = ["sm_80", "sm_86", "sm_89", "sm_90"])]
         arch: String,
+        /// One entry point: in detail (widths, SASS mix, each launch), or the PTX / SASS of it.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["json", "diff", "source"])]
+        entry: Option<String>,
+        /// Write the machine-readable report of both builds here (SASS mix when a
+        /// disassembler is found).
+        #[arg(long, value_name = "OUT")]
+        json: Option<PathBuf>,
+        /// Compare this build with a report written by `--json` (the repository keeps
+        /// docs/inspect-baseline.json); fails only if this build spills or has a stack frame.
+        #[arg(long, value_name = "BASELINE")]
+        diff: Option<PathBuf>,
+        /// Show ENTRY's PTX (its SASS with `--sass`) under the Rust lines it comes from; needs a
+        /// build with PAGED_DECODE_BUILD_PTX=1 PAGED_DECODE_PTX_LINEINFO=1.
+        #[arg(long, value_name = "ENTRY", conflicts_with_all = ["json", "diff"])]
+        source: Option<String>,
+        /// With `--source`: only the code of one Rust function (`NAME`, inlined callees included)
+        /// or lines (`decode.rs:300-360`, `decode.rs:312`).
+        #[arg(long, value_name = "REGION", requires = "source")]
+        region: Option<String>,
     },
     /// Time the plan on a shape table (FlashInfer harness format) with CUDA-graph replays.
     Bench {
@@ -98,7 +125,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Run { batch: 32, kv_len: 4096 }) {
         Command::Run { batch, kv_len } => main_job(batch, kv_len),
-        Command::Inspect { ptx, arch } => inspect(ptx, &arch),
+        Command::Inspect { ptx, sass, arch, entry, json, diff, source, region } => {
+            inspect::run(&inspect::Options { ptx, sass, arch, entry, json, diff, source, region })
+        }
         Command::Plot { json, out, ceiling } => bench::replot(&json, &out, ceiling),
         Command::PlotSweep { shapes, ours, flashinfer, out, ceiling } => {
             paged_decode::sweep::plot_sweep(&shapes, &ours, flashinfer.as_deref(), &out, ceiling)
@@ -195,52 +224,5 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
         plan.config().num_splits,
         bytes / timing.us / 1e6
     );
-    Ok(())
-}
-
-fn inspect(dump_ptx: bool, arch: &str) -> Result<(), Box<dyn std::error::Error>> {
-    if dump_ptx {
-        let major = if arch == "sm_90" { 9 } else { 8 };
-        print!("{}", ptx::for_compute_capability((major, 0)));
-        return Ok(());
-    }
-    let entries = ptx::entries(ptx::PTX);
-    println!(
-        "{} entry points in the embedded PTX ({} bytes portable, {} bytes sm_90)",
-        entries.len(),
-        ptx::PTX.len(),
-        ptx::PTX_SM90.len()
-    );
-    let Some(ptxas) = ptxas::find() else {
-        for e in &entries {
-            println!("  {e}");
-        }
-        println!("ptxas not found: {}", ptxas::INSTALL_HINT);
-        return Ok(());
-    };
-    println!("ptxas: {}", ptxas.display());
-    let r80 = ptxas::report(&ptxas, ptx::for_compute_capability((8, 0)), "sm_80")?;
-    let r90 = ptxas::report(&ptxas, ptx::for_compute_capability((9, 0)), "sm_90")?;
-    println!("{:<28} | {:^32} | {:^32}", "", "sm_80", "sm_90");
-    println!(
-        "{:<28} | {:>5} {:>6} {:>6} {:>6} {:>5} | {:>5} {:>6} {:>6} {:>6} {:>5}",
-        "entry", "regs", "smem", "stack", "spill", "code", "regs", "smem", "stack", "spill", "code"
-    );
-    for e in &entries {
-        let cols = |reports: &[ptxas::KernelReport]| {
-            let r = reports.iter().find(|r| r.entry == *e).cloned().unwrap_or_default();
-            format!(
-                "{:>5} {:>6} {:>6} {:>6} {:>4}K",
-                r.registers,
-                r.shared_bytes,
-                r.stack_frame_bytes,
-                r.spill_store_bytes + r.spill_load_bytes,
-                r.code_bytes.div_ceil(1024)
-            )
-        };
-        println!("{e:<28} | {} | {}", cols(&r80), cols(&r90));
-    }
-    println!("smem is static shared memory; the decode kernels' is dynamic (params::decode_smem_bytes)");
-    println!("code is the entry's machine code in KiB (without the subroutines it calls)");
     Ok(())
 }

@@ -1,0 +1,356 @@
+//! `inspect`: what the compiler made of the kernels, on a machine without a GPU. ptxas
+//! resources, occupancy of the plan's launch configurations, PTX and SASS instruction mix,
+//! SASS listings, a JSON report and its diff against a baseline, and a source-mapped view.
+//! ptxas and a disassembler are optional: without them each view says what it leaves out and
+//! how to get the tool.
+
+mod diff;
+mod mix;
+mod occupancy;
+mod ptx_text;
+mod report;
+mod sass;
+mod source;
+
+#[path = "../../../kernels-gpu/src/params.rs"]
+#[allow(dead_code)]
+mod params;
+
+use std::collections::BTreeSet;
+use std::error::Error;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use paged_decode::{ptx, ptxas};
+
+use report::{EntryReport, Report, Tools};
+use sass::Disassembler;
+
+/// What `inspect` was asked for (see the subcommand's help in `main.rs`).
+pub struct Options {
+    /// Print the PTX (`--ptx`).
+    pub ptx: bool,
+    /// Print the SASS (`--sass`), or with `source` map the SASS instead of the PTX.
+    pub sass: bool,
+    /// The build and target of `--ptx`, `--sass` and `--source`.
+    pub arch: String,
+    /// One entry only.
+    pub entry: Option<String>,
+    /// Write the report here.
+    pub json: Option<PathBuf>,
+    /// Compare with this report.
+    pub diff: Option<PathBuf>,
+    /// Source view of this entry.
+    pub source: Option<String>,
+    /// Region of the source view.
+    pub region: Option<String>,
+}
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// Runs `inspect` with `options`.
+pub fn run(options: &Options) -> Result<()> {
+    if let Some(entry) = &options.source {
+        return source_view(entry, options);
+    }
+    if options.ptx {
+        return print_ptx(options);
+    }
+    if options.sass {
+        return print_sass(options);
+    }
+    if options.json.is_some() || options.diff.is_some() {
+        return write_and_compare(options);
+    }
+    match &options.entry {
+        Some(entry) => entry_view(entry),
+        None => summary(),
+    }
+}
+
+/// The PTX build a device of `arch` loads (`sm_86` → the portable build).
+fn ptx_for(arch: &str) -> &'static str {
+    let digits: Vec<u32> = arch.chars().filter_map(|c| c.to_digit(10)).collect();
+    let cc = (digits.first().copied().unwrap_or(8), digits.get(1).copied().unwrap_or(0));
+    ptx::for_compute_capability(cc)
+}
+
+fn print_ptx(options: &Options) -> Result<()> {
+    let text = ptx_for(&options.arch);
+    match &options.entry {
+        Some(entry) => print!("{}", ptx_text::find_entry(text, entry)?.text),
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// `--sass`: the SASS of one entry (or all) for `--arch`, each followed by its mix.
+fn print_sass(options: &Options) -> Result<()> {
+    let text = ptx_for(&options.arch);
+    if let Some(entry) = &options.entry {
+        ptx_text::find_entry(text, entry)?;
+    }
+    let Some(ptxas) = ptxas::find() else {
+        println!("ptxas not found, so no SASS: {}", ptxas::INSTALL_HINT);
+        return Ok(());
+    };
+    let Some(disassembler) = Disassembler::find() else {
+        println!("no SASS disassembler found: {}", sass::INSTALL_HINT);
+        return Ok(());
+    };
+    let assembly = ptxas::assemble(&ptxas, text, &options.arch, &[])?;
+    let listing = disassembler.disassemble(&assembly.cubin, false)?;
+    let ptxas_version = ptxas::version(&ptxas).unwrap_or_default();
+    for (name, code) in sass::functions(&listing) {
+        if options.entry.as_ref().is_some_and(|e| *e != name) {
+            continue;
+        }
+        println!("// {name}: {} SASS ({}, ptxas {})", options.arch, disassembler.describe(), ptxas_version);
+        print!("{code}");
+        println!("// {name} SASS mix: {}\n", mix::one_line(&mix::sass_mix(&code)));
+    }
+    Ok(())
+}
+
+/// `--json` and `--diff`: the full report (both builds, SASS mix when a disassembler is
+/// found), written and/or compared; fails only if the current build spills or has a stack.
+fn write_and_compare(options: &Options) -> Result<()> {
+    let tools = Tools::find(true);
+    for line in tools.missing() {
+        println!("note: {line}");
+    }
+    let report = report::build(&tools)?;
+    if let Some(path) = &options.json {
+        report.write(path)?;
+        let entries: usize = report.builds.iter().map(|b| b.entries.len()).sum();
+        println!("wrote {} ({entries} entry builds)", path.display());
+    }
+    if let Some(path) = &options.diff {
+        let base = Report::read(path)?;
+        println!("inspect diff: {} → this build", path.display());
+        print!("{}", diff::render(&base, &report, &diff::diff(&base, &report)));
+    }
+    let bad = report.spills_and_stack();
+    if !bad.is_empty() {
+        return Err(format!("spills or a stack frame:\n  {}", bad.join("\n  ")).into());
+    }
+    Ok(())
+}
+
+/// The default view: resources, occupancy and PTX mix of every entry.
+fn summary() -> Result<()> {
+    let tools = Tools::find(false);
+    let report = report::build(&tools)?;
+    let names = ptx::entries(ptx::PTX);
+    println!(
+        "{} entry points in the embedded PTX ({} bytes portable, {} bytes sm_90)",
+        names.len(),
+        ptx::PTX.len(),
+        ptx::PTX_SM90.len()
+    );
+    match &tools.ptxas {
+        Some(path) => println!("ptxas: {}", path.display()),
+        None => println!("ptxas not found (no resources or occupancy): {}", ptxas::INSTALL_HINT),
+    }
+    let [b80, b90] = [&report.builds[0], &report.builds[1]];
+    if tools.ptxas.is_some() {
+        print!("{}", resource_table(b80, b90));
+        print!("\n{}", occupancy_table(b80, b90));
+    }
+    print!("\n{}", mix_table(b90));
+    Ok(())
+}
+
+fn resource_table(b80: &report::Build, b90: &report::Build) -> String {
+    let mut s = String::new();
+    let title = format!("{:<28} | {:^32} | {:^32}", "", "sm_80", "sm_90");
+    let _ = writeln!(s, "{}", title.trim_end());
+    let _ = writeln!(
+        s,
+        "{:<28} | {:>5} {:>6} {:>6} {:>6} {:>5} | {:>5} {:>6} {:>6} {:>6} {:>5}",
+        "entry", "regs", "smem", "stack", "spill", "code", "regs", "smem", "stack", "spill", "code"
+    );
+    for (e80, e90) in b80.entries.iter().zip(&b90.entries) {
+        let cols = |e: &EntryReport| match &e.resources {
+            Some(r) => format!(
+                "{:>5} {:>6} {:>6} {:>6} {:>4}K",
+                r.registers,
+                r.static_smem_bytes,
+                r.stack_frame_bytes,
+                r.spill_store_bytes + r.spill_load_bytes,
+                r.code_bytes.div_ceil(1024)
+            ),
+            None => format!("{:>32}", "-"),
+        };
+        let _ = writeln!(s, "{:<28} | {} | {}", e80.entry, cols(e80), cols(e90));
+    }
+    let _ =
+        writeln!(s, "smem is static shared memory; the decode kernels' is dynamic (see the occupancy table)");
+    let _ = writeln!(s, "code is the entry's machine code in KiB (without the subroutines it calls)");
+    s
+}
+
+/// One row per entry and run of launches with the same occupancy on both architectures.
+fn occupancy_table(b80: &report::Build, b90: &report::Build) -> String {
+    let mut s = String::new();
+    let _ =
+        writeln!(s, "occupancy per SM of the launch configurations the plan uses (CTAs, warps, limited by):");
+    let _ = writeln!(
+        s,
+        "{:<28} {:<13} {:>7} {:>15} | {:<34} | sm_90",
+        "entry", "launch", "threads", "dyn smem", "sm_80"
+    );
+    for (e80, e90) in b80.entries.iter().zip(&b90.entries) {
+        let pairs: Vec<_> = e80.launches.iter().zip(&e90.launches).collect();
+        if pairs.is_empty() {
+            let _ = writeln!(s, "{:<28} launch configuration unknown", e80.entry);
+        }
+        for run in pairs.chunk_by(|a, b| a.0.occupancy == b.0.occupancy && a.1.occupancy == b.1.occupancy) {
+            let (first, last) = (run[0].0, run[run.len() - 1].0);
+            let span = |f: fn(&report::LaunchReport) -> String| {
+                if run.len() == 1 { f(first) } else { format!("{}..{}", f(first), f(last)) }
+            };
+            let label = span(|l| l.label.clone()).replace("..q_tiles=", "..");
+            let smem = span(|l| l.dynamic_smem_bytes.to_string());
+            let occupancy = |l: &report::LaunchReport| match &l.occupancy {
+                Some(o) => format!("{:>2} {:>3}  {}", o.ctas_per_sm, o.warps_per_sm, o.limited_by),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                s,
+                "{:<28} {:<13} {:>7} {:>15} | {:<34} | {}",
+                e80.entry,
+                label,
+                first.threads,
+                smem,
+                occupancy(run[0].0),
+                occupancy(run[0].1)
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "dyn smem: params::mma_smem_bytes(tiling, head_dim, q_tiles), q_tiles = ceil(min(group, heads per CTA) / 16)"
+    );
+    s
+}
+
+fn mix_table(build: &report::Build) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{} PTX instruction mix (`--entry NAME` for widths and SASS):", build.arch);
+    let mut header = format!("{:<28}", "entry");
+    for (_, title) in mix::SUMMARY {
+        let _ = write!(header, " {title:>6}");
+    }
+    let _ = writeln!(s, "{header}");
+    for e in &build.entries {
+        let mut row = format!("{:<28}", e.entry);
+        for (family, _) in mix::SUMMARY {
+            let _ = write!(row, " {:>6}", mix::family_count(&e.ptx_mix, family));
+        }
+        let _ = writeln!(s, "{row}");
+    }
+    s
+}
+
+/// `--entry NAME`: one entry in detail on both builds, SASS mix included when possible.
+fn entry_view(entry: &str) -> Result<()> {
+    ptx_text::find_entry(ptx::PTX, entry)?;
+    let tools = Tools::find(true);
+    let report = report::build(&tools)?;
+    let per_arch: Vec<(&str, &EntryReport)> = report
+        .builds
+        .iter()
+        .filter_map(|b| Some((b.arch.as_str(), b.entries.iter().find(|e| e.entry == entry)?)))
+        .collect();
+    println!("{entry}");
+    for line in tools.missing() {
+        println!("note: {line}");
+    }
+    let mut header = format!("{:<24}", "");
+    for (arch, _) in &per_arch {
+        let _ = write!(header, " {arch:>10}");
+    }
+    println!("{header}");
+    for (name, field) in report::RESOURCE_FIELDS {
+        let mut row = format!("{name:<24}");
+        for (_, e) in &per_arch {
+            let value = e.resources.as_ref().map_or("-".to_string(), |r| field(r).to_string());
+            let _ = write!(row, " {value:>10}");
+        }
+        println!("{row}");
+    }
+    println!("\nlaunch (threads, dyn smem)      occupancy per SM: CTAs, warps, limited by");
+    let launches = per_arch.first().map_or(&[][..], |(_, e)| &e.launches[..]);
+    for (i, launch) in launches.iter().enumerate() {
+        let mut row = format!("{:<10} {:>4} {:>7}", launch.label, launch.threads, launch.dynamic_smem_bytes);
+        for (arch, e) in &per_arch {
+            let o = e.launches.get(i).and_then(|l| l.occupancy.as_ref());
+            let text = o.map_or("-".into(), |o| {
+                format!("{:>2} {:>3} {}", o.ctas_per_sm, o.warps_per_sm, o.limited_by)
+            });
+            let _ = write!(row, " | {arch}: {text:<26}");
+        }
+        println!("{}", row.trim_end());
+    }
+    println!("\n{}", mix_comparison(&per_arch));
+    Ok(())
+}
+
+/// Every class of the entry's PTX and SASS mixes, one column per build and kind.
+fn mix_comparison(per_arch: &[(&str, &EntryReport)]) -> String {
+    let mut columns: Vec<(String, &mix::Mix)> = Vec::new();
+    for (arch, e) in per_arch {
+        columns.push((format!("PTX {arch}"), &e.ptx_mix));
+    }
+    for (arch, e) in per_arch {
+        if let Some(m) = &e.sass_mix {
+            columns.push((format!("SASS {arch}"), m));
+        }
+    }
+    let mut classes: Vec<&String> =
+        columns.iter().flat_map(|(_, m)| m.keys()).collect::<BTreeSet<_>>().into_iter().collect();
+    classes.sort_by_key(|c| mix::display_order(c));
+    let mut s = format!("{:<24}", "instruction mix");
+    for (title, _) in &columns {
+        let _ = write!(s, " {title:>10}");
+    }
+    s.push('\n');
+    for class in classes {
+        let _ = write!(s, "{class:<24}");
+        for (_, m) in &columns {
+            let _ = write!(s, " {:>10}", m.get(class).copied().unwrap_or(0));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// `--source ENTRY [--region R] [--sass]`: the entry's PTX or SASS under its source lines.
+fn source_view(entry: &str, options: &Options) -> Result<()> {
+    let text = ptx_for(&options.arch);
+    let span = ptx_text::find_entry(text, entry)?;
+    let info = source::LineInfo::parse(text).ok_or(source::NO_LINE_INFO)?;
+    let region = options.region.as_deref().map(|r| source::parse_region(r, &info)).transpose()?;
+    let scope = options.region.as_deref().map_or(String::new(), |r| format!(", region {r}"));
+    if !options.sass {
+        let title = format!("{entry} ({} PTX{scope})", options.arch);
+        print!("{}", source::render(&title, &source::ptx_items(&span, &info), region.as_deref(), false));
+        return Ok(());
+    }
+    let Some(ptxas) = ptxas::find() else {
+        println!("ptxas not found, so no SASS (the PTX view works without it): {}", ptxas::INSTALL_HINT);
+        return Ok(());
+    };
+    let Some(disassembler) = Disassembler::find().filter(Disassembler::maps_ptx_lines) else {
+        println!("mapping SASS to source needs nvdisasm: {}", sass::INSTALL_HINT);
+        return Ok(());
+    };
+    let assembly = ptxas::assemble(&ptxas, text, &options.arch, &["-lineinfo"])?;
+    let listing = disassembler.disassemble(&assembly.cubin, true)?;
+    let functions = sass::functions(&listing);
+    let code = functions.iter().find(|(name, _)| name == entry).map(|(_, code)| code.as_str()).unwrap_or("");
+    let title = format!("{entry} ({} SASS{scope})", options.arch);
+    print!("{}", source::render(&title, &source::sass_items(code, &info), region.as_deref(), true));
+    Ok(())
+}
