@@ -186,8 +186,9 @@ impl DecodePath {
     }
 }
 
-/// Launch shape of the lean tensor-core kernel ([`params::lean_tiling`]): whole requests, at
-/// most 32 query heads per CTA, four CTAs per SM.
+/// Launch shape of the lean tensor-core kernel (`params::lean_tiling` in `kernels-gpu`): whole
+/// requests, at most 32 query heads per CTA; four CTAs per SM on sm_90 for groups of up to 16
+/// query heads per KV head, three for larger groups (shared memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeanLaunch {
     /// CTAs per (request, KV head) along the query heads of the group.
@@ -426,7 +427,7 @@ impl DecodeConfig {
     }
 
     /// Whether the split partition is computed once per launch by the schedule kernel (batches
-    /// of more than [`params::PARTITION_CACHED_BATCH`] requests, whose page table every CTA
+    /// of more than `PARTITION_CACHED_BATCH` (32) requests, whose page table every CTA
     /// would otherwise read whole) rather than by every CTA.
     pub fn is_scheduled(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
         self.is_split() && desc.batch_size > params::PARTITION_CACHED_BATCH as i32

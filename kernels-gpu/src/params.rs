@@ -154,8 +154,9 @@ pub const fn standard_tiling(head_dim: u32) -> MmaTiling {
 
 /// The lean tiling (head_dim 64 and 128): 8 KB of K and of V per stage, at most two 16-row query
 /// tiles, warps splitting D for head_dim 128 and the query fragments re-read from shared
-/// memory, so that a CTA fits in 128 registers per thread and about 50 KB of shared memory:
-/// four CTAs per SM, whose start-up and epilogue overlap each other's copies (short requests).
+/// memory, so that a CTA fits in 128 registers per thread and 52–56 KB of shared memory: four
+/// CTAs per SM on sm_90 (three for groups above 16 heads), whose start-up and epilogue overlap
+/// each other's copies (short requests).
 pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
     MmaTiling {
         tile_tokens: 4096 / head_dim,
