@@ -143,6 +143,13 @@ pub(crate) mod chunking;
 #[cfg(test)]
 mod chunking_tests;
 
+/// The 8-bit floating-point formats of a K/V cache (E4M3, E5M2): exact dequantization and
+/// round-to-nearest-even, saturating quantization, bit-identical to the device's.
+#[path = "../kernels-gpu/src/fp8.rs"]
+pub mod fp8;
+#[cfg(test)]
+mod fp8_tests;
+
 pub use cudarc;
 pub use device::Device;
 pub use error::{Error, Result};

@@ -47,6 +47,7 @@ pub mod check;
 pub mod chunking;
 pub mod decode;
 pub mod element;
+pub mod fp8;
 pub mod intrinsics;
 pub mod params;
 pub mod partition;
