@@ -240,6 +240,11 @@ fn decode_random_sweep() {
     assert!(configs < 200 || all.iter().all(|p| paths.contains_key(p.name())), "paths taken: {paths:?}");
 }
 
+/// Requests of lengths `lens` with `hq` / `hkv` heads, head_dim `d` and pages of `page` tokens.
+fn with_lens(lens: Vec<usize>, hq: usize, hkv: usize, d: usize, page: usize) -> ProblemSpec {
+    ProblemSpec { lens, ..ProblemSpec::uniform(1, 0, hq, hkv, d, page) }
+}
+
 /// Explicit edge cases: empty batch members, single tokens, full last pages, page sizes 1 and
 /// 256, groups 1 and 64, large batches, long contexts, one long request among short ones (split
 /// into many chunks by the length-aware partition).
@@ -297,38 +302,26 @@ fn decode_edge_cases() {
         (
             // Short contexts at the largest batch: the lean kernel (f16, bf16), 65536 CTAs.
             "batch 65536, short contexts",
-            ProblemSpec {
-                lens: (0..65536).map(|i| (i * 7) % 61).collect(),
-                ..ProblemSpec::uniform(1, 0, 4, 1, 128, 16)
-            },
+            with_lens((0..65536).map(|i| (i * 7) % 61).collect(), 4, 1, 128, 16),
         ),
         (
-            // A ragged batch of 16384 with a heavy tail (mean ~200 tokens): the page table holds
-            // too many tokens per request for the lean kernel, so the schedule kernel partitions
-            // it and the long requests are split.
+            // A ragged batch of 16384 with a heavy tail (~160 tokens per request on average, 17
+            // requests of 9000+): the lean kernel by the rule (f16, bf16; whole requests), the
+            // scheduled split kernel for f32.
             "ragged batch 16384",
-            ProblemSpec {
-                lens: (0..16384usize)
+            with_lens(
+                (0..16384usize)
                     .map(|i| if i % 997 == 3 { 9000 + i % 1500 } else { (i * 13) % 300 })
                     .collect(),
-                ..ProblemSpec::uniform(1, 0, 8, 2, 128, 16)
-            },
+                8,
+                2,
+                128,
+                16,
+            ),
         ),
-        (
-            // Lean kernel: two 16-row query tiles (group 32), and two head blocks (group 64).
-            "lean, group 32",
-            ProblemSpec {
-                lens: (0..600).map(|i| i % 130).collect(),
-                ..ProblemSpec::uniform(1, 0, 64, 2, 128, 16)
-            },
-        ),
-        (
-            "lean, group 64, d 64, page 1",
-            ProblemSpec {
-                lens: (0..700).map(|i| (i * 5) % 90).collect(),
-                ..ProblemSpec::uniform(1, 0, 64, 1, 64, 1)
-            },
-        ),
+        // Lean kernel: two 16-row query tiles (group 32), and two head blocks (group 64).
+        ("lean, group 32", with_lens((0..600).map(|i| i % 130).collect(), 64, 2, 128, 16)),
+        ("lean, group 64, d 64, page 1", with_lens((0..700).map(|i| (i * 5) % 90).collect(), 64, 1, 64, 1)),
     ];
     // The plan's rule, except where a case sets the spare chunks.
     let mut cases: Vec<_> = cases.into_iter().map(|(name, spec)| (name, spec, None)).collect();
