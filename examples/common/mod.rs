@@ -4,6 +4,9 @@
 
 #![allow(dead_code)] // each example uses part of this module
 
+#[cfg(feature = "nccl")]
+pub mod tensor_parallel;
+
 use std::process::ExitCode;
 
 use paged_decode::cudarc::driver::{CudaSlice, CudaStream};
