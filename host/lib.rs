@@ -112,24 +112,30 @@
 //!   request of a batch; `indices` then still needs one element (any page id), because the CUDA
 //!   driver rejects 0-byte allocations. A buffer sized for the largest batch covers this.
 //! - **Page table.** See [`page_table`]: the fast path trusts it and stays in bounds either way.
-//! - **Linking.** The `default` features load the CUDA driver at run time and bind CUDA 12.8. A
-//!   library depending on this crate sets `default-features = false`; the final build picks
-//!   cudarc's linking mode and CUDA version (this crate forwards the same feature names).
+//!
+//! # Features
+//!
+//! - `cli` (default): the `paged-decode` binary (the main job, `inspect`, `bench`, plots) and
+//!   the crates only it uses (clap, plotters, serde, serde_json). The library never needs it.
+//! - Linking: the `default` features also load the CUDA driver at run time
+//!   (`fallback-dynamic-loading`) and bind CUDA 12.8 (`cuda-12080`). This crate forwards
+//!   cudarc's linking modes and CUDA versions under the same names; cudarc allows one of each
+//!   per build.
+//!
+//! A library depending on this crate sets `default-features = false`: it gets the library alone
+//! (cudarc, half, thiserror, libloading), and the final build picks cudarc's linking mode and
+//! CUDA version.
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod device;
 mod driver_library;
 pub mod error;
 mod guard;
 pub mod page_table;
 pub mod plan;
-pub mod problem;
 pub mod ptx;
-pub mod ptxas;
 pub mod reference;
-pub mod sweep;
 pub mod tensor;
 pub mod types;
 

@@ -1,17 +1,21 @@
 //! GPU tests: every kernel against the float64 CPU reference. On a machine without a CUDA
 //! driver each test prints a skip line and passes.
 
+#[path = "../host/cli/problem.rs"]
+#[allow(dead_code)]
+mod problem;
+
 use std::io::Write;
 use std::sync::mpsc;
 
 use half::{bf16, f16};
 use paged_decode::plan::DecodeConfig;
-use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 use paged_decode::reference::DecodeOutput;
 use paged_decode::{
     BatchPagedDecodePlan, DecodePath, Device, Element, ElementKind, Error, PagedKvAppendDescriptor,
     PagedKvAppendPlan, PlanPreference, Workspace,
 };
+use problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 
 /// GPU 0 with cudarc's event tracking on (the safe default), or `None` (and a skip line) without
 /// a driver.

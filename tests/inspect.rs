@@ -1,9 +1,11 @@
 //! `inspect` without ptxas or a disassembler: every view still runs, says what it leaves out and
 //! how to get the tool; bad input gets an error message, not a panic.
 
-use std::process::Command;
+#[path = "../host/cli/ptxas.rs"]
+#[allow(dead_code)]
+mod ptxas;
 
-use paged_decode::ptxas;
+use std::process::Command;
 
 /// Runs `paged-decode inspect ARGS` with ptxas, nvdisasm and cuobjdump hidden: (success,
 /// stdout + stderr).

@@ -1,13 +1,16 @@
 //! Property tests: every public function that runs without a GPU (validation, configuration,
-//! the CPU reference, page-table checks, layouts, PTX helpers, problem generation and the
-//! benchmark's plotting) returns `Ok` or a typed error on arbitrary input, and never panics.
+//! the CPU reference, page-table checks, layouts, PTX helpers) and the test-problem generation
+//! returns `Ok` or a typed error on arbitrary input, and never panics. The benchmark's own
+//! (shape rows, plotting) are unit tests of the binary (`host/cli/bench.rs`).
+
+#[path = "../host/cli/problem.rs"]
+#[allow(dead_code)]
+mod problem;
 
 use half::{bf16, f16};
-use paged_decode::bench::{BenchRow, Shape};
 use paged_decode::device::DeviceProps;
 use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
 use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
-use paged_decode::problem::{HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 use paged_decode::reference::{self, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
@@ -17,6 +20,8 @@ use paged_decode::{
 };
 use proptest::prelude::*;
 use proptest::sample::select;
+
+use problem::{HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
 
 fn config() -> ProptestConfig {
     ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }
@@ -669,19 +674,6 @@ proptest! {
     }
 
     #[test]
-    fn shape_rows_never_panic(
-        batch in prop::option::of(0..5usize),
-        kv_len in prop::option::of(any::<usize>()),
-        lens in prop::option::of(prop::collection::vec(any::<usize>(), 0..5)),
-        (hq, hkv, d, page) in (any::<usize>(), any::<usize>(), any::<usize>(), any::<usize>()),
-    ) {
-        let shape = Shape { name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into() };
-        let spec = shape.spec();
-        prop_assert_eq!(spec.batch(), shape.lens.as_ref().map_or(batch.unwrap_or(0), |l| l.len()));
-        let _ = spec.kv_bytes(ElementKind::BF16);
-    }
-
-    #[test]
     fn decode_descriptor_never_panics(
         desc in decode_desc(),
         props in device_props(),
@@ -854,36 +846,6 @@ fn errors_display() {
         assert!(!e.to_string().is_empty());
     }
     assert!(!PlanPreference::default().checked);
-}
-
-/// The benchmark's plot and re-plot take any rows and ceiling.
-#[test]
-fn plotting_never_panics() {
-    let row = |tb_s: f64, pct: f64| BenchRow {
-        name: "r".into(),
-        us: 1.0,
-        tb_s,
-        pct_of_ceiling: pct,
-        num_splits: 1,
-        num_chunks: 1,
-        launched_chunks: 1,
-        path: "whole".into(),
-        max_rel_err: None,
-    };
-    let dir = std::env::temp_dir().join(format!("paged-decode-no-panic-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svg = dir.join("plot.svg");
-    let values = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0, 1e300, 4.5];
-    for &ceiling in &values {
-        let _ = paged_decode::bench::plot(&svg, &[], ceiling);
-        for &tb_s in &values {
-            let _ = paged_decode::bench::plot(&svg, &[row(tb_s, 50.0), row(1.0, tb_s)], ceiling);
-            let json = dir.join("rows.json");
-            std::fs::write(&json, serde_json::to_string(&[row(tb_s, ceiling)]).unwrap()).unwrap();
-            let _ = paged_decode::bench::replot(&json, &svg, None);
-        }
-    }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -3,9 +3,13 @@
 //! and ptxas assembles each for its architecture with no spills, no stack frame and a bounded
 //! amount of split-only code.
 
+#[path = "../host/cli/ptxas.rs"]
+#[allow(dead_code)]
+mod ptxas;
+
 use std::io::Write;
 
-use paged_decode::{ptx, ptxas};
+use paged_decode::ptx;
 
 #[test]
 fn ptx_declares_every_entry() {
@@ -42,7 +46,9 @@ fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
     };
     for (arch, cc) in [("sm_80", (8, 0)), ("sm_90", (9, 0))] {
         let text = ptx::for_compute_capability(cc);
-        let reports = ptxas::report(&ptxas, text, arch).unwrap_or_else(|e| panic!("{e}"));
+        let reports = ptxas::assemble(&ptxas, text, arch, &[])
+            .and_then(|a| ptxas::report_of(&a, arch))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(reports.len(), ptx::EXPECTED_ENTRIES.len(), "{arch}: one report per entry");
         for r in &reports {
             assert_eq!(

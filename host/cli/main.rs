@@ -1,14 +1,20 @@
 //! `paged-decode`: the main job (a realistic decode step), PTX inspection and the benchmark.
 
+mod bench;
 mod inspect;
+// Shared with the GPU and property tests, which use the rest of it.
+#[allow(dead_code)]
+mod problem;
+mod ptxas;
+mod sweep;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use half::f16;
-use paged_decode::problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
-use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, bench};
+use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference};
+use problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
 
 #[derive(Parser)]
 #[command(version, about = "Batched paged-KV decode attention in pure Rust (PTX from rustc's NVPTX backend)")]
@@ -130,7 +136,7 @@ fn main() -> ExitCode {
         }
         Command::Plot { json, out, ceiling } => bench::replot(&json, &out, ceiling),
         Command::PlotSweep { shapes, ours, flashinfer, out, ceiling } => {
-            paged_decode::sweep::plot_sweep(&shapes, &ours, flashinfer.as_deref(), &out, ceiling)
+            sweep::plot_sweep(&shapes, &ours, flashinfer.as_deref(), &out, ceiling)
         }
         Command::Bench {
             shapes,

@@ -21,8 +21,9 @@ use std::error::Error;
 use std::fmt::Write;
 use std::path::PathBuf;
 
-use paged_decode::{ptx, ptxas};
+use paged_decode::ptx;
 
+use crate::ptxas;
 use report::{EntryReport, Report, Tools};
 use sass::Disassembler;
 

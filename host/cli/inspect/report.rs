@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use paged_decode::{ptx, ptxas};
+use paged_decode::ptx;
 
 use super::mix::{self, Mix};
 use super::occupancy::{self, Occupancy};
 use super::ptx_text;
 use super::sass::{self, Disassembler};
+use crate::ptxas;
 
 /// Version of the report layout; a baseline of another version is refused.
 pub const FORMAT: u32 = 1;

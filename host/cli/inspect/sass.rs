@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use paged_decode::ptxas;
+use crate::ptxas;
 
 /// How to get a disassembler when none is found.
 pub const INSTALL_HINT: &str = "install nvdisasm with `python3 -m pip install nvidia-cuda-nvdisasm==13.5.37` \

@@ -120,11 +120,6 @@ pub fn assemble(ptxas: &Path, ptx: &str, arch: &str, extra_args: &[&str]) -> Res
     Ok(Assembly { cubin: elf.map_err(|e| format!("reading the cubin: {e}"))?, log })
 }
 
-/// Assembles `ptx` for `arch` (e.g. `sm_90`) and parses the per-entry report.
-pub fn report(ptxas: &Path, ptx: &str, arch: &str) -> Result<Vec<KernelReport>, String> {
-    report_of(&assemble(ptxas, ptx, arch, &[])?, arch)
-}
-
 /// The per-entry report of an [`assemble`] run for `arch`.
 pub fn report_of(assembly: &Assembly, arch: &str) -> Result<Vec<KernelReport>, String> {
     let sections = elf_sections(&assembly.cubin)

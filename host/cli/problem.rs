@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 
-use crate::error::{Result, invalid};
-use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
-use crate::reference::PageTable;
-use crate::tensor::{TensorMut, TensorRef, Workspace};
-use crate::types::*;
+use paged_decode::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
+use paged_decode::reference::PageTable;
+use paged_decode::tensor::{TensorMut, TensorRef, Workspace};
+use paged_decode::types::*;
+use paged_decode::{Error, Result};
 
 /// SplitMix64: small, fast, reproducible.
 #[derive(Debug, Clone)]
@@ -168,7 +168,7 @@ pub struct HostProblem<T> {
 
 impl<T: Element> HostProblem<T> {
     /// Random q/K/V in `[-1, 1)` and a page table over a random permutation of the pages;
-    /// [`crate::Error::InvalidProblem`] for sizes no descriptor can express (a zero head count,
+    /// [`Error::InvalidProblem`] for sizes no descriptor can express (a zero head count,
     /// head_dim or page size, extents beyond `i32`, buffers beyond `isize::MAX` bytes).
     pub fn random(spec: &ProblemSpec) -> Result<Self> {
         spec.check(T::KIND)?;
@@ -216,8 +216,8 @@ impl<T: Element> HostProblem<T> {
     }
 
     /// Float64 reference output of request `b` alone (`o`: `[Hq, D]`, `lse`: `[Hq]`);
-    /// [`crate::Error::InvalidProblem`] when `b` or its rows lie outside the problem.
-    pub fn reference_request(&self, b: usize) -> Result<crate::reference::DecodeOutput> {
+    /// [`Error::InvalidProblem`] when `b` or its rows lie outside the problem.
+    pub fn reference_request(&self, b: usize) -> Result<paged_decode::reference::DecodeOutput> {
         let outside = || invalid(format!("request {b} lies outside this problem"));
         let at = |i: usize| self.indptr.get(i).and_then(|&v| usize::try_from(v).ok());
         let (start, stop) = (at(b).ok_or_else(outside)?, at(b + 1).ok_or_else(outside)?);
@@ -229,12 +229,12 @@ impl<T: Element> HostProblem<T> {
         let indptr = [0, indices.len() as i32];
         let last = [*self.last_page_len.get(b).ok_or_else(outside)?];
         let table = PageTable { indptr: &indptr, indices, last_page_len: &last };
-        crate::reference::decode(&desc, q, &self.k_data, &self.v_data, table)
+        paged_decode::reference::decode(&desc, q, &self.k_data, &self.v_data, table)
     }
 
     /// Float64 reference output of every request.
-    pub fn reference(&self) -> Result<crate::reference::DecodeOutput> {
-        crate::reference::decode(&self.desc, &self.q, &self.k_data, &self.v_data, self.page_table())
+    pub fn reference(&self) -> Result<paged_decode::reference::DecodeOutput> {
+        paged_decode::reference::decode(&self.desc, &self.q, &self.k_data, &self.v_data, self.page_table())
     }
 }
 
@@ -363,4 +363,8 @@ pub fn tolerances(kind: ElementKind) -> (f64, f64) {
         ElementKind::F16 => (1e-3, 1e-3),
         _ => (8e-3, 1e-3),
     }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidProblem(msg.into())
 }

@@ -7,13 +7,14 @@
 use std::path::PathBuf;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
+use paged_decode::device::DeviceProps;
+use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, Result, ptx};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
-use crate::{BatchPagedDecodePlan, Device, Element, PlanPreference};
 
 /// One row of the shape table.
 #[derive(Debug, Clone, Deserialize)]
@@ -78,7 +79,7 @@ pub struct BenchRow {
     /// table cannot hold enough tokens to use them all).
     #[serde(default)]
     pub launched_chunks: u32,
-    /// The kernel path `run` took ([`crate::plan::DecodePath::name`]).
+    /// The kernel path `run` took ([`paged_decode::plan::DecodePath::name`]).
     #[serde(default)]
     pub path: String,
     /// Largest relative L2 error of the checked requests, when checking was on.
@@ -163,8 +164,8 @@ pub fn read_ceiling(device: &Device) -> Result<f64> {
     let bytes: usize = 2 << 30;
     let src = stream.alloc_zeros::<u8>(bytes)?;
     let mut sink = stream.alloc_zeros::<u32>(1)?;
-    let f = crate::device::function(&device.ctx, "read_bandwidth", 0)?;
-    let sms = crate::device::DeviceProps::query(&device.ctx)?.sm_count;
+    let f = read_bandwidth_kernel(device)?;
+    let sms = DeviceProps::query(&device.ctx)?.sm_count;
     let cfg = LaunchConfig { grid_dim: (sms * 4, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let chunks = (bytes / 16) as u64;
     let sentinel = 0x9E37_79B9u32;
@@ -185,6 +186,14 @@ pub fn read_ceiling(device: &Device) -> Result<f64> {
         samples.push(bytes as f64 / (start.elapsed_ms(&stop)? as f64 * 1e-3) / 1e12);
     }
     Ok(median(&mut samples))
+}
+
+/// The `read_bandwidth` entry of the PTX build the device loads (a module of its own: the
+/// library's module cache is private to it).
+fn read_bandwidth_kernel(device: &Device) -> Result<CudaFunction> {
+    let cc = DeviceProps::query(&device.ctx)?.compute_capability;
+    let module = device.ctx.load_module(Ptx::from_src(ptx::for_compute_capability(cc)))?;
+    Ok(module.load_function("read_bandwidth")?)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -365,21 +374,27 @@ pub fn plot(
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
-    #[test]
-    fn replot_recovers_the_ceiling_from_saved_rows() {
-        let row = |name: &str, tb_s: f64| BenchRow {
+    fn row(name: &str, tb_s: f64, pct_of_ceiling: f64) -> BenchRow {
+        BenchRow {
             name: name.into(),
             us: 10.0,
             tb_s,
-            pct_of_ceiling: 100.0 * tb_s / 4.5,
+            pct_of_ceiling,
             num_splits: 1,
             num_chunks: 8,
             launched_chunks: 8,
             path: "whole".into(),
             max_rel_err: None,
-        };
+        }
+    }
+
+    #[test]
+    fn replot_recovers_the_ceiling_from_saved_rows() {
+        let row = |name: &str, tb_s: f64| row(name, tb_s, 100.0 * tb_s / 4.5);
         let dir = std::env::temp_dir().join(format!("paged-decode-replot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (json, svg) = (dir.join("rows.json"), dir.join("rows.svg"));
@@ -392,5 +407,43 @@ mod tests {
         std::fs::write(&json, "[]").unwrap();
         assert!(replot(&json, &svg, None).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The plot and re-plot take any rows and ceiling without panicking.
+    #[test]
+    fn plotting_never_panics() {
+        let row = |tb_s: f64, pct: f64| row("r", tb_s, pct);
+        let dir = std::env::temp_dir().join(format!("paged-decode-no-panic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svg = dir.join("plot.svg");
+        let values = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0, 1e300, 4.5];
+        for &ceiling in &values {
+            let _ = plot(&svg, &[], ceiling);
+            for &tb_s in &values {
+                let _ = plot(&svg, &[row(tb_s, 50.0), row(1.0, tb_s)], ceiling);
+                let json = dir.join("rows.json");
+                std::fs::write(&json, serde_json::to_string(&[row(tb_s, ceiling)]).unwrap()).unwrap();
+                let _ = replot(&json, &svg, None);
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Any shape-table row gives a problem spec of its batch size without panicking.
+        #[test]
+        fn shape_rows_never_panic(
+            batch in prop::option::of(0..5usize),
+            kv_len in prop::option::of(any::<usize>()),
+            lens in prop::option::of(prop::collection::vec(any::<usize>(), 0..5)),
+            (hq, hkv, d, page) in (any::<usize>(), any::<usize>(), any::<usize>(), any::<usize>()),
+        ) {
+            let shape = Shape { name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into() };
+            let spec = shape.spec();
+            prop_assert_eq!(spec.batch(), shape.lens.as_ref().map_or(batch.unwrap_or(0), |l| l.len()));
+            let _ = spec.kv_bytes(paged_decode::ElementKind::BF16);
+        }
     }
 }
