@@ -11,7 +11,7 @@ use cudarc::driver::{
 use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
 use crate::params::AppendParams;
-use crate::ptx;
+use crate::ptx::{self, entry};
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 use crate::types::*;
 
@@ -161,17 +161,12 @@ impl<T: Element> PagedKvAppendPlan<T> {
         }
         let ctx = stream.context();
         let props = DeviceProps::query(ctx)?;
-        let name = match T::KIND {
-            ElementKind::F16 => "append_f16",
-            ElementKind::BF16 => "append_bf16",
-            _ => "append_f32",
-        };
         Ok(Self {
             desc: *desc,
             pref,
             arch: ptx::build_for(props.compute_capability),
-            append_fn: device::function(ctx, name, 0)?,
-            check_fn: device::function(ctx, "check_page_table", 0)?,
+            append_fn: device::function(ctx, &entry::append(T::KIND), 0)?,
+            check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
             ctx: ctx.clone(),
             _t: PhantomData,
         })
@@ -283,5 +278,23 @@ impl<T: Element> PagedKvAppendPlan<T> {
         // it writes, and the view guards order the launch after earlier uses of the tensors.
         unsafe { stream.launch_builder(&self.append_fn).arg(&p).launch(cfg)? };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::{bf16, f16};
+
+    use super::*;
+
+    #[test]
+    fn every_entry_select_loads_is_in_the_shipped_ptx() {
+        for ptx in [ptx::PTX, ptx::PTX_SM90] {
+            let shipped = ptx::entries(ptx);
+            for name in [entry::append(f16::KIND), entry::append(bf16::KIND), entry::append(f32::KIND)] {
+                assert!(shipped.contains(&name.as_str()), "{name} is not in the PTX");
+            }
+            assert!(shipped.contains(&entry::CHECK_PAGE_TABLE));
+        }
     }
 }

@@ -9,6 +9,7 @@
 use crate::device::DeviceProps;
 use crate::error::{Error, Result};
 use crate::params;
+use crate::ptx::entry;
 use crate::types::*;
 
 use super::checks::check_decode_descriptor;
@@ -117,7 +118,8 @@ impl LeanLaunch {
     fn for_descriptor(desc: &BatchPagedDecodeDescriptor, props: &DeviceProps) -> Option<Self> {
         let kv = &desc.paged_kv;
         let d = kv.head_dim as u32;
-        if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16) || !matches!(d, 64 | 128) {
+        if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16) || !entry::LEAN_HEAD_DIMS.contains(&d)
+        {
             return None;
         }
         let tiling = params::lean_tiling(d);

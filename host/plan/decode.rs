@@ -10,7 +10,7 @@ use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
 use crate::guard;
 use crate::params::{self, DecodeParams};
-use crate::ptx;
+use crate::ptx::{self, entry, entry::DecodeVariant};
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 use crate::types::*;
 
@@ -95,6 +95,63 @@ impl BatchPagedDecodeArgsLayout {
     }
 }
 
+/// The configuration [`BatchPagedDecodePlan::select`] takes: the rule's
+/// ([`DecodeConfig::choose`]) with the preference's split and spare-chunk overrides, within its
+/// workspace limit.
+fn configure(
+    desc: &BatchPagedDecodeDescriptor,
+    props: &DeviceProps,
+    pref: &PlanPreference,
+) -> Result<DecodeConfig> {
+    let mut config = DecodeConfig::choose(desc, props, pref.max_workspace_bytes)?;
+    if let Some(s) = pref.num_splits {
+        config = config.with_num_splits(desc, s)?;
+    }
+    if let Some(n) = pref.spare_chunks {
+        config = config.with_spare_chunks(desc, n)?;
+    }
+    if config.workspace_size(desc) > pref.max_workspace_bytes {
+        return Err(Error::Unsupported(format!(
+            "the plan needs {} workspace bytes; max_workspace_bytes is {}",
+            config.workspace_size(desc),
+            pref.max_workspace_bytes
+        )));
+    }
+    Ok(config)
+}
+
+/// Names of the entry points [`BatchPagedDecodePlan::select`] loads for a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DecodeEntries {
+    /// The kernel `run` launches on the split and scheduled paths of a split configuration, and
+    /// on the whole path otherwise.
+    decode: String,
+    /// Split configurations: the unsplit kernel, for the whole path.
+    whole: Option<String>,
+    /// Scheduled configurations ([`DecodeConfig::is_scheduled`]): the schedule kernel.
+    schedule: Option<&'static str>,
+    /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
+    lean: Option<String>,
+}
+
+impl DecodeEntries {
+    fn of(config: &DecodeConfig, desc: &BatchPagedDecodeDescriptor, pref: &PlanPreference) -> Self {
+        let name = |variant| {
+            entry::decode(config.kernel, variant, desc.paged_kv.element, desc.paged_kv.head_dim as u32)
+        };
+        let split = config.is_split();
+        Self {
+            decode: name(if split { DecodeVariant::Split } else { DecodeVariant::Whole }),
+            whole: split.then(|| name(DecodeVariant::Whole)),
+            schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
+            lean: config
+                .lean
+                .filter(|_| pref.lean_max_avg_tokens != Some(0))
+                .map(|_| name(DecodeVariant::Lean)),
+        }
+    }
+}
+
 /// Batched decode over a paged K/V store.
 #[derive(Debug)]
 pub struct BatchPagedDecodePlan<T: Element> {
@@ -171,47 +228,19 @@ impl<T: Element> BatchPagedDecodePlan<T> {
                 props.compute_capability.0, props.compute_capability.1
             )));
         }
-        let mut config = DecodeConfig::choose(desc, &props, pref.max_workspace_bytes)?;
-        if let Some(s) = pref.num_splits {
-            config = config.with_num_splits(desc, s)?;
-        }
-        if let Some(n) = pref.spare_chunks {
-            config = config.with_spare_chunks(desc, n)?;
-        }
-        if config.workspace_size(desc) > pref.max_workspace_bytes {
-            return Err(Error::Unsupported(format!(
-                "the plan needs {} workspace bytes; max_workspace_bytes is {}",
-                config.workspace_size(desc),
-                pref.max_workspace_bytes
-            )));
-        }
-        let d = desc.paged_kv.head_dim;
-        let suffix = match T::KIND {
-            ElementKind::F16 => "f16",
-            ElementKind::BF16 => "bf16",
-            _ => "f32",
-        };
-        let kernel = match config.kernel {
-            DecodeKernel::Mma => "mma",
-            DecodeKernel::Simt => "simt",
-        };
-        let whole_name = format!("decode_{kernel}_{suffix}_d{d}");
-        let split_name = format!("decode_{kernel}_split_{suffix}_d{d}");
+        let config = configure(desc, &props, &pref)?;
         let arch = ptx::build_for(props.compute_capability);
-        let (decode_name, whole_fn) = if config.is_split() {
-            (split_name, Some(device::function(ctx, &whole_name, config.smem_bytes)?))
-        } else {
-            (whole_name, None)
+        let entries = DecodeEntries::of(&config, desc, &pref);
+        let whole_fn = match &entries.whole {
+            Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
+            None => None,
         };
-        let schedule_fn = if config.is_scheduled(desc) {
-            Some(device::function(ctx, "schedule_chunks", params::SCHEDULE_SMEM_BYTES)?)
-        } else {
-            None
+        let schedule_fn = match entries.schedule {
+            Some(name) => Some(device::function(ctx, name, params::SCHEDULE_SMEM_BYTES)?),
+            None => None,
         };
-        let lean_fn = match config.lean {
-            Some(lean) if pref.lean_max_avg_tokens != Some(0) => {
-                Some(device::function(ctx, &format!("decode_mma_lean_{suffix}_d{d}"), lean.smem_bytes)?)
-            }
+        let lean_fn = match (config.lean, &entries.lean) {
+            (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
             _ => None,
         };
         Ok(Self {
@@ -224,8 +253,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             programmatic: pref.programmatic_launch
                 && ptx::supports_programmatic_launch(props.compute_capability),
             arch,
-            decode_fn: device::function(ctx, &decode_name, config.smem_bytes)?,
-            check_fn: device::function(ctx, "check_page_table", 0)?,
+            decode_fn: device::function(ctx, &entries.decode, config.smem_bytes)?,
+            check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
             ctx: ctx.clone(),
             _t: PhantomData,
         })
@@ -470,5 +499,84 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             &self.desc.paged_kv,
             false,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Devices of the two PTX builds: an A100 (sm_80) and an H200 (sm_90).
+    const DEVICES: [DeviceProps; 2] = [
+        DeviceProps {
+            sm_count: 108,
+            compute_capability: (8, 0),
+            smem_per_sm: 167936,
+            smem_per_block_optin: 166912,
+        },
+        DeviceProps {
+            sm_count: 132,
+            compute_capability: (9, 0),
+            smem_per_sm: 233472,
+            smem_per_block_optin: 232448,
+        },
+    ];
+
+    /// Descriptors of every element type and several head dims, batches and groups, supported or
+    /// not.
+    fn descriptors() -> impl Iterator<Item = BatchPagedDecodeDescriptor> {
+        let elements =
+            [ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::I32, ElementKind::U8];
+        let shapes = [(1, 1, 1), (3, 8, 4), (64, 8, 8), (1000, 2, 16), (33, 1, 64)];
+        elements.into_iter().flat_map(move |element| {
+            [32, 64, 96, 128, 256].into_iter().flat_map(move |head_dim| {
+                shapes.map(|(batch_size, num_kv_heads, group)| BatchPagedDecodeDescriptor {
+                    batch_size,
+                    num_qo_heads: num_kv_heads * group,
+                    sm_scale: 0.125,
+                    paged_kv: PagedKvCacheDescriptor {
+                        page_size: 16,
+                        num_total_pages: 4096,
+                        num_kv_heads,
+                        head_dim,
+                        element,
+                    },
+                })
+            })
+        })
+    }
+
+    #[test]
+    fn every_entry_select_loads_is_in_the_shipped_ptx() {
+        let prefs = [
+            PlanPreference::default(),
+            PlanPreference { lean_max_avg_tokens: Some(0), ..PlanPreference::default() },
+            PlanPreference { num_splits: Some(4), ..PlanPreference::default() },
+            PlanPreference { spare_chunks: Some(8), ..PlanPreference::default() },
+        ];
+        let mut loaded = BTreeSet::new();
+        for props in DEVICES {
+            let shipped = ptx::entries(ptx::for_compute_capability(props.compute_capability));
+            for desc in descriptors() {
+                for pref in &prefs {
+                    let Ok(config) = configure(&desc, &props, pref) else { continue };
+                    let e = DecodeEntries::of(&config, &desc, pref);
+                    let names = [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
+                    for name in names.into_iter().flatten() {
+                        assert!(shipped.contains(&name), "{name} ({desc:?}, {pref:?}) is not in the PTX");
+                        loaded.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+        // The descriptors above reach every decode entry the host lists.
+        let listed: BTreeSet<String> = ptx::EXPECTED_ENTRIES
+            .iter()
+            .filter(|n| n.starts_with("decode_") || *n == entry::SCHEDULE_CHUNKS)
+            .cloned()
+            .collect();
+        assert_eq!(loaded, listed);
     }
 }
