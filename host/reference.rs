@@ -16,41 +16,8 @@ use crate::error::{Error, Result};
 use crate::page_table::{PageTableRules, append_slots, validate_page_table};
 use crate::types::{BatchPagedDecodeDescriptor, Element, PagedKvAppendDescriptor, PagedKvCacheDescriptor};
 
-/// A borrowed page table in CSR form.
-///
-/// Request `b` owns the pages `indices[indptr[b]..indptr[b + 1]]` in token order, and its last
-/// page holds `last_page_len[b]` tokens. See [`crate::page_table`] for the full contract.
-#[derive(Clone, Copy, Debug)]
-pub struct PageTable<'a> {
-    /// `batch + 1` offsets into `indices`, starting at 0 and non-decreasing.
-    pub indptr: &'a [i32],
-    /// Physical page ids, `[0, num_total_pages)`.
-    pub indices: &'a [i32],
-    /// Tokens in each request's last page, `[0, page_size]`.
-    pub last_page_len: &'a [i32],
-}
-
-impl PageTable<'_> {
-    /// Number of tokens of request `b`: 0 when it owns no page, otherwise
-    /// `(pages - 1) * page_size + last_page_len[b]`.
-    ///
-    /// Out-of-contract values are read the way the kernels read them: a negative page count
-    /// counts as 0 and `last_page_len[b]` is clamped into `[0, page_size]`. A request the
-    /// arrays do not hold (`b + 1 >= indptr.len()` or `b >= last_page_len.len()`) has 0 tokens.
-    pub fn request_len(&self, b: usize, page_size: usize) -> usize {
-        let (Some(&start), Some(&stop), Some(&last)) =
-            (self.indptr.get(b), self.indptr.get(b.saturating_add(1)), self.last_page_len.get(b))
-        else {
-            return 0;
-        };
-        let pages = (i64::from(stop) - i64::from(start)).max(0) as usize;
-        if pages == 0 {
-            return 0;
-        }
-        let last = (last.max(0) as usize).min(page_size);
-        (pages - 1).saturating_mul(page_size).saturating_add(last)
-    }
-}
+/// The page table both functions read (defined with its rules in [`crate::page_table`]).
+pub use crate::page_table::PageTable;
 
 /// Result of [`decode`].
 #[derive(Clone, Debug, PartialEq)]
