@@ -224,6 +224,9 @@ pub(crate) fn shared_slot_message(a: u64, b: u64, page: u64, slot: u64) -> Strin
 
 #[cfg(test)]
 mod tests {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
     use super::*;
     use crate::types::ElementKind;
 
@@ -400,34 +403,27 @@ mod tests {
         expect_err(validate_append_table(&d, 1, table(&[0, 1], &[0], &[5])), &["last_page_len[0] = 5"]);
     }
 
-    fn xorshift(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
-    }
-
     #[test]
     fn garbage_never_panics() {
         let d = kv(7, 5);
         let vals = [i32::MIN, -1, 0, 1, 2, 3, 6, 7, 8, i32::MAX];
-        let mut state = 0x1234_5678_9abc_def0_u64;
-        let pick = |state: &mut u64, max_len: u64| -> Vec<i32> {
-            let n = xorshift(state) % max_len;
-            (0..n).map(|_| vals[(xorshift(state) % vals.len() as u64) as usize]).collect()
+        let mut rng = SmallRng::seed_from_u64(0x1234_5678_9abc_def0);
+        let pick = |rng: &mut SmallRng, max_len: usize| -> Vec<i32> {
+            let n = rng.random_range(0..max_len);
+            (0..n).map(|_| vals[rng.random_range(0..vals.len())]).collect()
         };
         for _ in 0..2000 {
-            let b = (xorshift(&mut state) % 4) as usize;
-            let mut indptr = pick(&mut state, 6);
-            if xorshift(&mut state).is_multiple_of(2) {
+            let b = rng.random_range(0..4);
+            let mut indptr = pick(&mut rng, 6);
+            if rng.random_bool(0.5) {
                 indptr.sort_unstable();
                 if let Some(first) = indptr.first_mut() {
                     *first = 0;
                 }
             }
-            let indices = pick(&mut state, 8);
-            let last = pick(&mut state, 5);
-            let rules = PageTableRules { allow_shared_pages: xorshift(&mut state).is_multiple_of(2) };
+            let indices = pick(&mut rng, 8);
+            let last = pick(&mut rng, 5);
+            let rules = PageTableRules { allow_shared_pages: rng.random_bool(0.5) };
             let r = validate_page_table(&d, b, table(&indptr, &indices, &last), rules);
             assert!(matches!(r, Ok(()) | Err(Error::InvalidPageTable(_))));
         }
