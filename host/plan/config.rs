@@ -4,7 +4,8 @@
 //!
 //! Vocabulary (the kernels'): a *chunk* is a token range of one request that one CTA processes
 //! (per KV head and head block); a request that is not split is one chunk. A *chunk index* is a
-//! chunk's position in the partition, `0..num_chunks`.
+//! chunk's position in the partition, `0..num_chunks` (the kernels call it an *item*: their
+//! `balance_items` and `item_map` are [`DecodeConfig::balance_chunks`] and the chunk map here).
 
 use crate::device::DeviceProps;
 use crate::error::{Error, Result};
@@ -56,10 +57,10 @@ pub struct DecodeConfig {
     /// Chunks beyond `batch × num_splits` that only lengths longer than the batch's average use
     /// (a long request among short ones is split further); > 0 also selects the split kernel.
     pub spare_chunks: u32,
-    /// With spare chunks: the items one wave of CTAs holds. The kernel keeps chunks at least
-    /// `total tokens / balance_items` long, so a long request is cut to about a wave's share and
+    /// With spare chunks: the chunks one wave of CTAs holds. The kernel keeps chunks at least
+    /// `total tokens / balance_chunks` long, so a long request is cut to about a wave's share and
     /// equal lengths stay whole. 0 otherwise.
-    pub balance_items: u32,
+    pub balance_chunks: u32,
     /// Split kernels: consecutive CTAs cover the KV heads and head blocks of one chunk (true), or
     /// consecutive chunks of one head block (false, as the unsplit kernels).
     pub heads_along_x: bool,
@@ -183,14 +184,14 @@ impl DecodeConfig {
             smem_bytes,
             num_splits: 1,
             spare_chunks: 0,
-            balance_items: 0,
+            balance_chunks: 0,
             heads_along_x: true,
             min_chunk,
             preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
             wave_ctas: wave.min(u32::MAX as u64) as u32,
             lean: LeanLaunch::for_descriptor(desc, props),
         };
-        let base = desc.batch_size.max(0) as u64 * probe.ctas_per_item(desc); // CTAs, unsplit
+        let base = desc.batch_size.max(0) as u64 * probe.ctas_per_chunk(desc); // CTAs, unsplit
         let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
         if 2 * base <= wave {
             // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
@@ -211,10 +212,10 @@ impl DecodeConfig {
         if efficiency(base) >= WAVE_EFFICIENCY {
             // A well-filled wave, or several: one chunk per request at equal lengths. Past one
             // wave, a wave's worth of spare chunks lets a long request be cut to a wave's share
-            // (`total / wave_items` tokens), which then exceeds the average length, so equal
+            // (`total / wave_chunks` tokens), which then exceeds the average length, so equal
             // lengths stay whole; within one wave it would split them.
             if base > wave {
-                let with_spare = probe.with_spare(desc, probe.wave_items(desc));
+                let with_spare = probe.with_spare(desc, probe.wave_chunks(desc));
                 if with_spare.fits(desc, max_workspace_bytes) {
                     return Ok(with_spare);
                 }
@@ -225,7 +226,7 @@ impl DecodeConfig {
             // Up to one poorly filled wave: one chunk per request at equal lengths (splitting
             // them measured slower), plus spare chunks (fewer than `batch`, so equal lengths stay
             // whole) for requests longer than a wave's share.
-            let spare = probe.wave_items(desc).min(desc.batch_size as u32 - 1);
+            let spare = probe.wave_chunks(desc).min(desc.batch_size as u32 - 1);
             let with_spare = probe.with_spare(desc, spare);
             if spare > 0 && with_spare.fits(desc, max_workspace_bytes) {
                 return Ok(with_spare);
@@ -248,25 +249,25 @@ impl DecodeConfig {
         Ok(Self { num_splits: best.1, ..probe })
     }
 
-    /// CTAs per item (chunk): one per KV head and head block.
-    fn ctas_per_item(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
+    /// CTAs per chunk: one per KV head and head block.
+    fn ctas_per_chunk(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
         desc.paged_kv.num_kv_heads.max(1) as u64 * self.head_blocks.max(1) as u64
     }
 
-    /// Items (chunks of every KV head and head block) that one wave of CTAs holds.
-    fn wave_items(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
-        (self.wave_ctas as u64 / self.ctas_per_item(desc)).max(1) as u32
+    /// Chunks that one wave of CTAs holds (each takes a CTA per KV head and head block).
+    fn wave_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        (self.wave_ctas as u64 / self.ctas_per_chunk(desc)).max(1) as u32
     }
 
     /// This configuration with `spare_chunks` spare chunks and, with any, the balance bound.
     /// Measured CTA orders: chunk-major for split requests and for grids beyond one wave,
     /// head-major for unsplit requests with spare chunks within one wave.
     fn with_spare(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Self {
-        let balance_items = if spare_chunks > 0 { self.wave_items(desc) } else { 0 };
+        let balance_chunks = if spare_chunks > 0 { self.wave_chunks(desc) } else { 0 };
         let beyond_a_wave =
-            (desc.batch_size.max(0) as u64).saturating_mul(self.ctas_per_item(desc)) > self.wave_ctas as u64;
+            (desc.batch_size.max(0) as u64).saturating_mul(self.ctas_per_chunk(desc)) > self.wave_ctas as u64;
         let heads_along_x = self.num_splits > 1 || beyond_a_wave;
-        Self { spare_chunks, balance_items, heads_along_x, ..self }
+        Self { spare_chunks, balance_chunks, heads_along_x, ..self }
     }
 
     /// This configuration with `spare_chunks` spare chunks ([`PlanPreference::spare_chunks`]).
@@ -280,7 +281,7 @@ impl DecodeConfig {
         if !(1..=MAX_SPLITS).contains(&num_splits) {
             return Err(Error::Unsupported(format!("num_splits {num_splits} is outside 1..={MAX_SPLITS}")));
         }
-        Self { num_splits, spare_chunks: 0, balance_items: 0, heads_along_x: true, ..self }
+        Self { num_splits, spare_chunks: 0, balance_chunks: 0, heads_along_x: true, ..self }
             .within_grid(desc, "batch_size × num_splits")
     }
 
@@ -318,7 +319,7 @@ impl DecodeConfig {
     /// `num_indices` slots: one per request unsplit; split, `num_chunks`, or fewer when that many
     /// slots cannot hold enough tokens to use them all (a short request in a one-wave grid). The
     /// kernel's partition stays the one of `num_chunks`; a bound on the chunk size it picks shows
-    /// that it never produces more items than this (`chunking::max_items`). A page-table view
+    /// that it never produces more chunks than this (`chunking::max_items`). A page-table view
     /// sized to the batch's pages (rather than to the largest batch a server expects) lets short
     /// batches launch fewer CTAs.
     pub fn launched_chunks(&self, desc: &BatchPagedDecodeDescriptor, num_indices: usize) -> u32 {
@@ -333,7 +334,7 @@ impl DecodeConfig {
             (num_indices as u64).saturating_mul(page_size),
             self.min_chunk,
             self.preferred_chunk,
-            self.balance_items,
+            self.balance_chunks,
         )
     }
 
@@ -350,7 +351,7 @@ impl DecodeConfig {
     }
 
     /// Workspace bytes: the split state, partial outputs and log-sum-exps of every chunk, and
-    /// the item map of a scheduled partition.
+    /// the chunk map of a scheduled partition.
     pub fn workspace_size(&self, desc: &BatchPagedDecodeDescriptor) -> usize {
         if !self.is_split() {
             return 0;
@@ -362,20 +363,20 @@ impl DecodeConfig {
         let chunks = self.num_chunks(desc);
         // Saturating: total for any configuration (`select` bounds the real ones).
         let round = |bytes: usize| bytes.checked_next_multiple_of(256).unwrap_or(usize::MAX);
-        let slots = (desc.batch_size.max(0) as usize).saturating_mul(self.ctas_per_item(desc) as usize);
+        let slots = (desc.batch_size.max(0) as usize).saturating_mul(self.ctas_per_chunk(desc) as usize);
         let state = round(slots.saturating_mul(8));
         let rows = (chunks as usize).saturating_mul(desc.num_qo_heads.max(0) as usize);
         let o_bytes = round(rows.saturating_mul(desc.paged_kv.head_dim.max(0) as usize).saturating_mul(4));
         let partial_lse = state.saturating_add(o_bytes);
         let lse_bytes = rows.saturating_mul(4);
         if self.is_scheduled(desc) {
-            let item_map = partial_lse.saturating_add(round(lse_bytes));
-            let total = item_map.saturating_add(params::item_map_bytes(chunks));
+            let chunk_map = partial_lse.saturating_add(round(lse_bytes));
+            let total = chunk_map.saturating_add(params::item_map_bytes(chunks));
             WorkspaceLayout {
                 state_bytes: state,
                 partial_o: state,
                 partial_lse,
-                item_map: Some(item_map),
+                chunk_map: Some(chunk_map),
                 total,
             }
         } else {
@@ -383,7 +384,7 @@ impl DecodeConfig {
                 state_bytes: state,
                 partial_o: state,
                 partial_lse,
-                item_map: None,
+                chunk_map: None,
                 total: partial_lse.saturating_add(lse_bytes),
             }
         }
@@ -403,7 +404,7 @@ pub(super) struct WorkspaceLayout {
     pub(super) partial_lse: usize,
     /// Offset of the chunk map (each chunk index's request and token range; the kernels'
     /// `item_map`), written by the schedule kernel of a scheduled partition.
-    pub(super) item_map: Option<usize>,
+    pub(super) chunk_map: Option<usize>,
     /// Bytes of the whole layout.
     total: usize,
 }

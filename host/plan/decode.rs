@@ -391,7 +391,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             partial_o: at(layout.partial_o),
             partial_lse: at(layout.partial_lse),
             counters: at(0),
-            item_map: match layout.item_map {
+            item_map: match layout.chunk_map {
                 Some(offset) if scheduled => at(offset),
                 _ => 0,
             },
@@ -404,7 +404,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             num_chunks: if split { self.config.num_chunks(&self.desc) } else { self.desc.batch_size as u32 },
             min_chunk: self.config.min_chunk,
             preferred_chunk: self.config.preferred_chunk,
-            balance_items: self.config.balance_items,
+            balance_items: self.config.balance_chunks,
             heads_along_x: heads_along_x as u32,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
