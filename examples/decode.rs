@@ -9,14 +9,16 @@ mod common;
 use std::process::ExitCode;
 
 use common::{
-    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Rng, Sequence,
-    TOLERANCE, exit_code, lse_err, open_device, paged_kv, rel_err, within_tolerance,
+    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Sequence, TOLERANCE,
+    exit_code, lse_err, open_device, paged_kv, random_values, rel_err, within_tolerance,
 };
 use paged_decode::half::f16;
 use paged_decode::{
     BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, PagedKvAppendArgs,
     PagedKvAppendDescriptor, PagedKvAppendPlan, PlanPreference, TensorMut, TensorRef, Workspace, reference,
 };
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
 const NUM_PAGES: usize = 64;
 /// History of each request before the step: 16 fills a page, so its new token takes a new one.
@@ -29,13 +31,13 @@ fn main() -> ExitCode {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let Some(device) = open_device("decode example")? else { return Ok(()) };
     let stream = &device.stream;
-    let mut rng = Rng::new(7);
+    let mut rng = SmallRng::seed_from_u64(7);
 
     // The paged store, [pages, kv_heads, page_size, head_dim] for K and for V, with random
     // history; a host copy stays behind for the reference.
     let store_shape = [NUM_PAGES as i32, KV_HEADS as i32, PAGE_SIZE as i32, HEAD_DIM as i32];
     let store_len = NUM_PAGES * KV_HEADS * PAGE_SIZE * HEAD_DIM;
-    let (mut k_host, mut v_host) = (rng.values(store_len), rng.values(store_len));
+    let (mut k_host, mut v_host) = (random_values(&mut rng, store_len), random_values(&mut rng, store_len));
     let mut k_store = stream.clone_htod(&k_host)?;
     let mut v_store = stream.clone_htod(&v_host)?;
 
@@ -59,7 +61,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (b, hq, hkv, d) = (batch as i32, QO_HEADS as i32, KV_HEADS as i32, HEAD_DIM as i32);
 
     // Append the new token's K and V.
-    let (key, value) = (rng.values(batch * KV_HEADS * HEAD_DIM), rng.values(batch * KV_HEADS * HEAD_DIM));
+    let (key, value) = (
+        random_values(&mut rng, batch * KV_HEADS * HEAD_DIM),
+        random_values(&mut rng, batch * KV_HEADS * HEAD_DIM),
+    );
     let (key_dev, value_dev) = (stream.clone_htod(&key)?, stream.clone_htod(&value)?);
     let append_desc = PagedKvAppendDescriptor { batch_size: b, paged_kv };
     let append = PagedKvAppendPlan::<f16>::select(stream, &append_desc, PlanPreference::default())?;
@@ -87,7 +92,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         paged_kv,
     };
     let decode = BatchPagedDecodePlan::<f16>::select(stream, &decode_desc, PlanPreference::default())?;
-    let q = rng.values(batch * QO_HEADS * HEAD_DIM);
+    let q = random_values(&mut rng, batch * QO_HEADS * HEAD_DIM);
     let q_dev = stream.clone_htod(&q)?;
     let mut o = stream.alloc_zeros::<f16>(q.len())?;
     let mut lse = stream.alloc_zeros::<f32>(batch * QO_HEADS)?;

@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use common::{
-    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Rng, Sequence,
-    TOLERANCE, exit_code, lse_err, open_device_for_capture, paged_kv, rel_err, within_tolerance,
+    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Sequence, TOLERANCE,
+    exit_code, lse_err, open_device_for_capture, paged_kv, random_values, rel_err, within_tolerance,
 };
 use paged_decode::cudarc::driver::CudaSlice;
 use paged_decode::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -27,6 +27,8 @@ use paged_decode::{
     BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, PagedKvAppendArgs,
     PagedKvAppendDescriptor, PagedKvAppendPlan, PlanPreference, TensorMut, TensorRef, Workspace, reference,
 };
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 const NUM_PAGES: usize = 512;
 /// Request slots in the captured batch.
@@ -70,7 +72,7 @@ struct Buffers {
 
 /// What the host keeps: the requests, the free pages and a copy of the store for checking.
 struct Engine {
-    rng: Rng,
+    rng: SmallRng,
     pool: PagePool,
     slots: Vec<Option<Running>>,
     k_host: Vec<f16>,
@@ -96,11 +98,11 @@ impl Engine {
     /// written into its pages here; a real engine runs its prefill instead.
     fn admit(&mut self, dev: &Device, buffers: &mut Buffers) -> Result<(), Box<dyn std::error::Error>> {
         for s in 0..SLOTS {
-            if self.slots[s].is_some() || self.rng.below(ARRIVAL_ODDS) != 0 {
+            if self.slots[s].is_some() || self.rng.random_range(0..ARRIVAL_ODDS) != 0 {
                 continue;
             }
-            let prompt = 1 + self.rng.below(MAX_PROMPT);
-            let generated = 1 + self.rng.below(MAX_GENERATED);
+            let prompt = 1 + self.rng.random_range(0..MAX_PROMPT);
+            let generated = 1 + self.rng.random_range(0..MAX_GENERATED);
             let reserved: usize =
                 self.slots.iter().flatten().map(|r| r.remaining.div_ceil(PAGE_SIZE) + 1).sum();
             if self.pool.available() < (prompt + generated).div_ceil(PAGE_SIZE) + reserved {
@@ -112,7 +114,8 @@ impl Engine {
             }
             for &page in &seq.pages {
                 let range = page as usize * PAGE_ELEMS..(page as usize + 1) * PAGE_ELEMS;
-                let (k, v) = (self.rng.values(PAGE_ELEMS), self.rng.values(PAGE_ELEMS));
+                let (k, v) =
+                    (random_values(&mut self.rng, PAGE_ELEMS), random_values(&mut self.rng, PAGE_ELEMS));
                 self.k_host[range.clone()].copy_from_slice(&k);
                 self.v_host[range.clone()].copy_from_slice(&v);
                 dev.stream.memcpy_htod(&k, &mut buffers.k_store.slice_mut(range.clone()))?;
@@ -181,7 +184,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let graph = capture_step(&dev, &append, &decode, &mut buffers)?;
 
-    let mut rng = Rng::new(2024);
+    let mut rng = SmallRng::seed_from_u64(2024);
     let pool = PagePool::new(NUM_PAGES, &mut rng);
     let mut engine = Engine {
         rng,
@@ -203,8 +206,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         engine.advance()?;
         let table = engine.table(NUM_PAGES);
-        let q = engine.rng.values(SLOTS * Q_ELEMS);
-        let (key, value) = (engine.rng.values(SLOTS * TOKEN_ELEMS), engine.rng.values(SLOTS * TOKEN_ELEMS));
+        let q = random_values(&mut engine.rng, SLOTS * Q_ELEMS);
+        let (key, value) = (
+            random_values(&mut engine.rng, SLOTS * TOKEN_ELEMS),
+            random_values(&mut engine.rng, SLOTS * TOKEN_ELEMS),
+        );
         buffers.table.write(stream, &table)?;
         stream.memcpy_htod(&q, &mut buffers.q)?;
         stream.memcpy_htod(&key, &mut buffers.key)?;

@@ -11,11 +11,12 @@ use crate::params::MAX_CHUNKS_PER_REQUEST;
 fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, balance: u32) -> (u32, Vec<u32>) {
     let total = lens.iter().map(|&l| l as u64).sum();
     let longest = lens.iter().copied().max().unwrap_or(0);
-    let items = |c: u32| lens.iter().map(|&l| chunks_of(l, c) as u64).sum::<u64>();
+    let chunks_needed = |c: u32| lens.iter().map(|&l| chunks_of(l, c) as u64).sum::<u64>();
     let (lo, hi) = chunk_bounds(total, longest, lens.len() as u32, num_chunks, min_chunk, preferred, balance);
     assert!(lo <= hi && lo.is_multiple_of(16) && hi.is_multiple_of(16), "bounds {lo} {hi}");
-    assert!(items(hi) <= num_chunks as u64, "upper bound {hi} needs {} > {num_chunks} chunks", items(hi));
-    let chunk = chunk_size(lo, hi, |c| items(c) <= num_chunks as u64);
+    let needed = chunks_needed(hi);
+    assert!(needed <= num_chunks as u64, "upper bound {hi} needs {needed} > {num_chunks} chunks");
+    let chunk = chunk_size(lo, hi, |c| chunks_needed(c) <= num_chunks as u64);
     // The device skips the search when every request fits one chunk of `lo`, or when the batch
     // is one request: the same result.
     assert!(longest > lo || chunk == lo, "shortcut: lo {lo}, chunk {chunk}");
@@ -54,7 +55,7 @@ fn equal_lengths_get_num_splits_chunks_each() {
 
 #[test]
 fn a_tight_page_table_launches_only_the_chunks_it_can_use() {
-    // One request in a grid of 33 items: chunks of at least 4 tiles while half the items stay busy.
+    // One request in a grid of 33 chunks: chunks of at least 4 tiles while half the grid stays busy.
     for (len, used) in [(1024, 16), (4096, 16), (6000, 24), (32768, 33)] {
         let (_, n) = partition(&[len], 33, 64, 256, 0);
         let launched = max_items(1, 33, len as u64, 64, 256, 0);
@@ -63,13 +64,13 @@ fn a_tight_page_table_launches_only_the_chunks_it_can_use() {
     // A page table with room for more tokens than the batch holds keeps the whole grid.
     assert_eq!(max_items(1, 33, 1 << 20, 64, 256, 0), 33);
     assert_eq!(max_items(8, 32, 8 * 4096, 64, 256, 0), 32);
-    // Empty requests still take one item each.
+    // Empty requests still take one chunk each.
     assert_eq!((max_items(1, 33, 0, 64, 256, 0), max_items(5, 40, 0, 64, 256, 0)), (1, 5));
 }
 
 #[test]
 fn long_requests_beyond_a_wave_are_cut_to_a_wave_share() {
-    // 60 requests of 200…2500 tokens and 4 of 12000, 33 items per wave.
+    // 60 requests of 200…2500 tokens and 4 of 12000, 33 chunks per wave.
     let mut lens: Vec<u32> = (0..60).map(|i| 200 + (i * 397) % 2300).collect();
     lens.extend([12_000; 4]);
     let total: u32 = lens.iter().sum();
@@ -113,12 +114,12 @@ proptest! {
         let num_chunks = batch * splits + spare;
         let (chunk, n) = partition(&lens, num_chunks, tile, 4 * tile, balance);
         prop_assert!(chunk.is_multiple_of(16) && chunk >= tile);
-        let items = n.iter().map(|&n| n as u64).sum::<u64>();
-        prop_assert!(items <= num_chunks as u64);
+        let used = n.iter().map(|&n| n as u64).sum::<u64>();
+        prop_assert!(used <= num_chunks as u64);
         // The grid the host launches for a page table of at least `total` tokens holds them all.
         let capacity = lens.iter().map(|&l| l as u64).sum::<u64>() + capacity_slack;
         let launched = max_items(batch, num_chunks, capacity, tile, 4 * tile, balance);
-        prop_assert!(items <= launched as u64, "{} items, {} launched", items, launched);
+        prop_assert!(used <= launched as u64, "{} chunks used, {} launched", used, launched);
         prop_assert!(launched >= batch && launched <= num_chunks);
         for (&len, &n) in lens.iter().zip(&n) {
             prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);

@@ -3,7 +3,7 @@
 //! - [`BatchPagedDecodePlan`]: one query row per request against its paged K/V history.
 //! - [`PagedKvAppendPlan`]: writes one new K/V token per request into the paged store.
 //! - [`reference`](mod@reference): float64 CPU implementations of both, with the same layouts and semantics.
-//! - [`page_table`]: host-side validation of `indptr` / `indices` / `last_page_len`.
+//! - [`page_table`]: the page table (`indptr` / `indices` / `last_page_len`) and its host-side validation.
 //!
 //! Kernels are Rust (`kernels-gpu/`), compiled to PTX by rustc's NVPTX backend and shipped with
 //! the package (`ptx/`), then JIT-compiled by the CUDA driver at load time. Device memory is

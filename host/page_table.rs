@@ -1,4 +1,5 @@
-//! Host-side validation of a paged K/V page table (`indptr`, `indices`, `last_page_len`).
+//! The paged K/V page table ([`PageTable`]: `indptr`, `indices`, `last_page_len`) and its host-side
+//! validation.
 //!
 //! Contract checked by [`validate_page_table`], for a batch of `B` requests:
 //! - `indptr` has `B + 1` entries, starts at 0, never decreases, and `indptr[B] <= indices.len()`.
@@ -25,8 +26,44 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::reference::PageTable;
 use crate::types::PagedKvCacheDescriptor;
+
+/// A borrowed page table in CSR form.
+///
+/// Request `b` owns the pages `indices[indptr[b]..indptr[b + 1]]` in token order, and its last
+/// page holds `last_page_len[b]` tokens. See the [module documentation](self) for the full
+/// contract.
+#[derive(Clone, Copy, Debug)]
+pub struct PageTable<'a> {
+    /// `batch + 1` offsets into `indices`, starting at 0 and non-decreasing.
+    pub indptr: &'a [i32],
+    /// Physical page ids, `[0, num_total_pages)`.
+    pub indices: &'a [i32],
+    /// Tokens in each request's last page, `[0, page_size]`.
+    pub last_page_len: &'a [i32],
+}
+
+impl PageTable<'_> {
+    /// Number of tokens of request `b`: 0 when it owns no page, otherwise
+    /// `(pages - 1) * page_size + last_page_len[b]`.
+    ///
+    /// Out-of-contract values are read the way the kernels read them: a negative page count
+    /// counts as 0 and `last_page_len[b]` is clamped into `[0, page_size]`. A request the
+    /// arrays do not hold (`b + 1 >= indptr.len()` or `b >= last_page_len.len()`) has 0 tokens.
+    pub fn request_len(&self, b: usize, page_size: usize) -> usize {
+        let (Some(&start), Some(&stop), Some(&last)) =
+            (self.indptr.get(b), self.indptr.get(b.saturating_add(1)), self.last_page_len.get(b))
+        else {
+            return 0;
+        };
+        let pages = (i64::from(stop) - i64::from(start)).max(0) as usize;
+        if pages == 0 {
+            return 0;
+        }
+        let last = (last.max(0) as usize).min(page_size);
+        (pages - 1).saturating_mul(page_size).saturating_add(last)
+    }
+}
 
 /// Options for [`validate_page_table`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -187,6 +224,9 @@ pub(crate) fn shared_slot_message(a: u64, b: u64, page: u64, slot: u64) -> Strin
 
 #[cfg(test)]
 mod tests {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
     use super::*;
     use crate::types::ElementKind;
 
@@ -363,34 +403,27 @@ mod tests {
         expect_err(validate_append_table(&d, 1, table(&[0, 1], &[0], &[5])), &["last_page_len[0] = 5"]);
     }
 
-    fn xorshift(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
-    }
-
     #[test]
     fn garbage_never_panics() {
         let d = kv(7, 5);
         let vals = [i32::MIN, -1, 0, 1, 2, 3, 6, 7, 8, i32::MAX];
-        let mut state = 0x1234_5678_9abc_def0_u64;
-        let pick = |state: &mut u64, max_len: u64| -> Vec<i32> {
-            let n = xorshift(state) % max_len;
-            (0..n).map(|_| vals[(xorshift(state) % vals.len() as u64) as usize]).collect()
+        let mut rng = SmallRng::seed_from_u64(0x1234_5678_9abc_def0);
+        let pick = |rng: &mut SmallRng, max_len: usize| -> Vec<i32> {
+            let n = rng.random_range(0..max_len);
+            (0..n).map(|_| vals[rng.random_range(0..vals.len())]).collect()
         };
         for _ in 0..2000 {
-            let b = (xorshift(&mut state) % 4) as usize;
-            let mut indptr = pick(&mut state, 6);
-            if xorshift(&mut state).is_multiple_of(2) {
+            let b = rng.random_range(0..4);
+            let mut indptr = pick(&mut rng, 6);
+            if rng.random_bool(0.5) {
                 indptr.sort_unstable();
                 if let Some(first) = indptr.first_mut() {
                     *first = 0;
                 }
             }
-            let indices = pick(&mut state, 8);
-            let last = pick(&mut state, 5);
-            let rules = PageTableRules { allow_shared_pages: xorshift(&mut state).is_multiple_of(2) };
+            let indices = pick(&mut rng, 8);
+            let last = pick(&mut rng, 5);
+            let rules = PageTableRules { allow_shared_pages: rng.random_bool(0.5) };
             let r = validate_page_table(&d, b, table(&indptr, &indices, &last), rules);
             assert!(matches!(r, Ok(()) | Err(Error::InvalidPageTable(_))));
         }

@@ -1,7 +1,11 @@
 //! The kernels' PTX (shipped in `ptx/`, or built from `kernels-gpu/` when that is stale; see
 //! `build.rs`), and its entry points.
 
+use std::sync::LazyLock;
+
 use crate::types::ArchSku;
+
+pub mod entry;
 
 /// PTX text of every kernel for any GPU from sm_80 on (target `PAGED_DECODE_PTX_ARCH`, default
 /// sm_80).
@@ -38,34 +42,5 @@ pub fn entries(ptx: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Entry points the host launches; the build must provide all of them.
-pub const EXPECTED_ENTRIES: &[&str] = &[
-    "decode_mma_f16_d64",
-    "decode_mma_split_f16_d64",
-    "decode_mma_f16_d128",
-    "decode_mma_split_f16_d128",
-    "decode_mma_f16_d256",
-    "decode_mma_split_f16_d256",
-    "decode_mma_bf16_d64",
-    "decode_mma_split_bf16_d64",
-    "decode_mma_bf16_d128",
-    "decode_mma_split_bf16_d128",
-    "decode_mma_bf16_d256",
-    "decode_mma_split_bf16_d256",
-    "decode_mma_lean_f16_d64",
-    "decode_mma_lean_f16_d128",
-    "decode_mma_lean_bf16_d64",
-    "decode_mma_lean_bf16_d128",
-    "decode_simt_f32_d64",
-    "decode_simt_split_f32_d64",
-    "decode_simt_f32_d128",
-    "decode_simt_split_f32_d128",
-    "decode_simt_f32_d256",
-    "decode_simt_split_f32_d256",
-    "append_f16",
-    "append_bf16",
-    "append_f32",
-    "schedule_chunks",
-    "check_page_table",
-    "read_bandwidth",
-];
+/// Entry points the host launches ([`entry::all`]); the build must provide all of them.
+pub static EXPECTED_ENTRIES: LazyLock<Vec<String>> = LazyLock::new(entry::all);

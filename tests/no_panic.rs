@@ -319,7 +319,7 @@ fn decode_descriptor_case<T: Element>(
                 match cfg.with_spare_chunks(desc, n) {
                     Ok(c) => {
                         prop_assert_eq!(c.is_split(), c.num_splits > 1 || n > 0);
-                        prop_assert_eq!(c.balance_items > 0, n > 0);
+                        prop_assert_eq!(c.balance_chunks > 0, n > 0);
                         prop_assert!(!c.is_split() || c.workspace_size(desc) > 0);
                     }
                     Err(Error::Unsupported(_)) => {}
@@ -507,7 +507,7 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
         .prop_map(
             |(
                 (mma, head_blocks, q_tiles, smem_bytes, num_splits, spare_chunks),
-                (balance_items, heads_along_x, min_chunk, preferred_chunk, wave_ctas),
+                (balance_chunks, heads_along_x, min_chunk, preferred_chunk, wave_ctas),
             )| DecodeConfig {
                 kernel: if mma { DecodeKernel::Mma } else { DecodeKernel::Simt },
                 head_blocks,
@@ -515,7 +515,7 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
                 smem_bytes,
                 num_splits,
                 spare_chunks,
-                balance_items,
+                balance_chunks,
                 heads_along_x,
                 min_chunk,
                 preferred_chunk,

@@ -1,7 +1,7 @@
-//! The embedded PTX: every entry point is in both builds, only the sm_90 build uses
-//! `griddepcontrol`, only the split entries carry the merge's ticket and release/acquire count,
-//! and ptxas assembles each for its architecture with no spills, no stack frame and a bounded
-//! amount of split-only code.
+//! The embedded PTX: both builds define exactly the entry points the host names, only the sm_90
+//! build uses `griddepcontrol`, only the split entries carry the merge's ticket and
+//! release/acquire count, and ptxas assembles each for its architecture with no spills, no stack
+//! frame and a bounded amount of split-only code.
 
 #[path = "../host/cli/ptxas.rs"]
 #[allow(dead_code)]
@@ -15,10 +15,18 @@ use paged_decode::ptx;
 fn ptx_declares_every_entry() {
     for text in [ptx::PTX, ptx::PTX_SM90] {
         assert!(text.contains(".target sm_"), "the embedded PTX is empty or not PTX");
-        let entries = ptx::entries(text);
-        for want in ptx::EXPECTED_ENTRIES {
-            assert!(entries.contains(want), "entry {want} missing from the PTX (found {entries:?})");
+        let mut entries = ptx::entries(text);
+        for want in ptx::EXPECTED_ENTRIES.iter() {
+            assert!(
+                entries.contains(&want.as_str()),
+                "entry {want} missing from the PTX (found {entries:?})"
+            );
         }
+        // ...and the host names every entry the kernels define, once.
+        let mut expected: Vec<&str> = ptx::EXPECTED_ENTRIES.iter().map(String::as_str).collect();
+        entries.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(entries, expected);
     }
     assert!(ptx::PTX_SM90.contains(".target sm_90"));
 }

@@ -478,12 +478,12 @@ fn large_batch_is_not_split_but_gets_spare_chunks_past_a_wave() {
             let desc = decode_desc(element, 256, 64, 8, d);
             let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
             assert_eq!(cfg.num_splits, 1, "{element:?} d {d}: {cfg:?}");
-            let ctas_per_item = 8 * cfg.head_blocks;
-            if 256 * ctas_per_item > cfg.wave_ctas {
-                let wave_items = cfg.wave_ctas / ctas_per_item;
+            let ctas_per_chunk = 8 * cfg.head_blocks;
+            if 256 * ctas_per_chunk > cfg.wave_ctas {
+                let wave_chunks = cfg.wave_ctas / ctas_per_chunk;
                 assert_eq!(
-                    (cfg.spare_chunks, cfg.balance_items, cfg.heads_along_x),
-                    (wave_items, wave_items, true),
+                    (cfg.spare_chunks, cfg.balance_chunks, cfg.heads_along_x),
+                    (wave_chunks, wave_chunks, true),
                     "{element:?} d {d}: {cfg:?}"
                 );
             } else {
@@ -510,7 +510,7 @@ fn launched_chunks_follow_the_page_table_capacity() {
     let eight = decode_desc(ElementKind::F16, 8, 32, 8, 128);
     let cfg = DecodeConfig::choose(&eight, &H200, usize::MAX).unwrap();
     assert_eq!(cfg.launched_chunks(&eight, 8 * 256), 32);
-    // Eight 1-page requests: one item each, plus the bound's slack of 128 tokens / 64-token chunks.
+    // Eight 1-page requests: one chunk each, plus the bound's slack of 128 tokens / 64-token chunks.
     assert_eq!(cfg.launched_chunks(&eight, 8), 10);
     // Unsplit (one well-filled wave): one CTA per request whatever the page table holds.
     let wave = decode_desc(ElementKind::F16, 32, 32, 8, 128);
@@ -529,11 +529,11 @@ fn launched_chunks_follow_the_page_table_capacity() {
 fn spare_chunks_on_request() {
     let desc = decode_desc(ElementKind::F16, 256, 32, 8, 128);
     let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap().with_spare_chunks(&desc, 33).unwrap();
-    assert_eq!((cfg.num_chunks(&desc), cfg.balance_items, cfg.heads_along_x), (289, 33, true));
+    assert_eq!((cfg.num_chunks(&desc), cfg.balance_chunks, cfg.heads_along_x), (289, 33, true));
     assert!(cfg.is_split() && cfg.workspace_size(&desc) >= 289 * 32 * (128 + 1) * 4);
     let desc = decode_desc(ElementKind::F16, 24, 32, 8, 128);
     let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-    assert_eq!((cfg.spare_chunks, cfg.balance_items, cfg.heads_along_x), (23, 33, false), "{cfg:?}");
+    assert_eq!((cfg.spare_chunks, cfg.balance_chunks, cfg.heads_along_x), (23, 33, false), "{cfg:?}");
     let none = cfg.with_spare_chunks(&desc, 0).unwrap();
     assert!(!none.is_split() && none.workspace_size(&desc) == 0);
     let wide = decode_desc(ElementKind::F16, 60000, 32, 8, 128);
@@ -593,9 +593,9 @@ fn num_splits_override_is_checked() {
     assert!(three.is_split() && three.workspace_size(&desc) >= 12 * 32 * (128 + 1) * 4);
     let one = cfg.with_num_splits(&desc, 1).unwrap();
     assert!(!one.is_split() && one.workspace_size(&desc) == 0);
-    // Spare chunks on top of the splits, with the balance bound of one wave (33 items of 8 CTAs).
+    // Spare chunks on top of the splits, with the balance bound of one wave (33 chunks of 8 CTAs).
     let spare = three.with_spare_chunks(&desc, 5).unwrap();
-    assert_eq!((spare.num_chunks(&desc), spare.balance_items), (17, 33));
+    assert_eq!((spare.num_chunks(&desc), spare.balance_chunks), (17, 33));
     let none = spare.with_spare_chunks(&desc, 0).unwrap();
     assert_eq!(none, three);
     // The split kernels run their chunks along grid y (≤ 65535).

@@ -13,6 +13,9 @@ use paged_decode::cudarc::driver::{CudaSlice, CudaStream};
 use paged_decode::half::f16;
 use paged_decode::reference::PageTable;
 use paged_decode::{Device, Element, ElementKind, Error, PagedKvCacheDescriptor, TensorRef};
+use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 
 /// The model both examples serve: 32 query heads over 8 KV heads of 128, f16, 16-token pages.
 pub const PAGE_SIZE: usize = 16;
@@ -76,29 +79,9 @@ fn opened(example: &str, device: Result<Device, Error>) -> Result<Option<Device>
     }
 }
 
-/// xorshift64: reproducible test data without a dependency.
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed` (any value but 0).
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in `[0, n)` for `n ≥ 1`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-    /// `n` values uniform in `[-1, 1)`.
-    pub fn values(&mut self, n: usize) -> Vec<f16> {
-        (0..n).map(|_| f16::from_f64((self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0)).collect()
-    }
+/// `n` values uniform in `[-1, 1)`.
+pub fn random_values(rng: &mut SmallRng, n: usize) -> Vec<f16> {
+    (0..n).map(|_| f16::from_f64(rng.random_range(-1.0..1.0))).collect()
 }
 
 /// Pages of the K/V store not owned by any request.
@@ -108,11 +91,9 @@ pub struct PagePool {
 
 impl PagePool {
     /// All `num_pages` pages free, handed out in a shuffled order (as after a while of serving).
-    pub fn new(num_pages: usize, rng: &mut Rng) -> Self {
+    pub fn new(num_pages: usize, rng: &mut SmallRng) -> Self {
         let mut free: Vec<i32> = (0..num_pages as i32).collect();
-        for i in (1..free.len()).rev() {
-            free.swap(i, rng.below(i + 1));
-        }
+        free.shuffle(rng);
         Self { free }
     }
     /// Free pages left.

@@ -20,10 +20,12 @@ use std::time::Instant;
 
 use paged_decode::Error;
 use paged_decode::cudarc::driver::CudaContext;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
 use super::{
-    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Rng, Sequence,
-    lse_err, paged_kv, rel_err,
+    DevicePageTable, HEAD_DIM, HostPageTable, KV_HEADS, PAGE_SIZE, PagePool, QO_HEADS, Sequence, lse_err,
+    paged_kv, random_values, rel_err,
 };
 
 /// One decode problem in host memory: `q` is `[batch, qo_heads, d]`, `k` and `v` are
@@ -39,7 +41,7 @@ pub struct HostDecode {
 impl HostDecode {
     /// `batch` requests of `len` tokens over pages in random order, random q / K / V.
     pub fn random(batch: usize, len: usize, seed: u64) -> HostDecode {
-        let mut rng = Rng::new(seed);
+        let mut rng = SmallRng::seed_from_u64(seed);
         let pages_per_request = len.div_ceil(PAGE_SIZE);
         let num_pages = batch * pages_per_request;
         let mut pool = PagePool::new(num_pages, &mut rng);
@@ -60,9 +62,9 @@ impl HostDecode {
                 sm_scale: 1.0 / (HEAD_DIM as f32).sqrt(),
                 paged_kv: paged_kv(num_pages),
             },
-            q: rng.values(batch * QO_HEADS * HEAD_DIM),
-            k: rng.values(store),
-            v: rng.values(store),
+            q: random_values(&mut rng, batch * QO_HEADS * HEAD_DIM),
+            k: random_values(&mut rng, store),
+            v: random_values(&mut rng, store),
             table: HostPageTable::of(requests.iter().map(Some), PAGE_SIZE, 0),
         }
     }

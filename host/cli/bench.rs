@@ -193,7 +193,7 @@ pub fn read_ceiling(device: &Device) -> Result<f64> {
 fn read_bandwidth_kernel(device: &Device) -> Result<CudaFunction> {
     let cc = DeviceProps::query(&device.ctx)?.compute_capability;
     let module = device.ctx.load_module(Ptx::from_src(ptx::for_compute_capability(cc)))?;
-    Ok(module.load_function("read_bandwidth")?)
+    Ok(module.load_function(ptx::entry::READ_BANDWIDTH)?)
 }
 
 fn median(v: &mut [f64]) -> f64 {

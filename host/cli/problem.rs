@@ -4,6 +4,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng as _, RngCore, SeedableRng};
 
 use paged_decode::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
 use paged_decode::reference::PageTable;
@@ -11,40 +14,31 @@ use paged_decode::tensor::{TensorMut, TensorRef, Workspace};
 use paged_decode::types::*;
 use paged_decode::{Error, Result};
 
-/// SplitMix64: small, fast, reproducible.
+/// The generator of the problems' random data: rand's `SmallRng`, reproducible for a given seed
+/// (and version of rand).
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SmallRng);
 
 impl Rng {
     /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(SmallRng::seed_from_u64(seed))
     }
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `[0, n)` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        if n <= u32::MAX as u64 {
-            ((self.next_u64() >> 32) * n) >> 32
-        } else {
-            ((self.next_u64() as u128 * n as u128) >> 64) as u64
-        }
+        if n == 0 { 0 } else { self.0.random_range(0..n) }
     }
     /// Uniform in `[-1, 1)`.
     pub fn symmetric(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        self.0.random_range(-1.0..1.0)
     }
-    /// Fisher–Yates shuffle.
+    /// Uniform random order.
     pub fn shuffle<X>(&mut self, v: &mut [X]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i as u64 + 1) as usize);
-        }
+        v.shuffle(&mut self.0);
     }
 }
 

@@ -1,0 +1,300 @@
+//! The append plan: [`PagedKvAppendPlan`] writes one new K/V token per request into the paged
+//! store.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+
+use crate::device::{self, DeviceProps};
+use crate::error::{Error, Result, invalid};
+use crate::params::AppendParams;
+use crate::ptx::{self, entry};
+use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
+use crate::types::*;
+
+use super::checks::{aligned, check_paged_kv, expect_layout, positive};
+use super::table_check::{PageTableView, check_on_device};
+
+/// Arguments of [`PagedKvAppendPlan::run`].
+#[derive(Debug)]
+pub struct PagedKvAppendArgs<'a, T> {
+    /// `[batch, num_kv_heads, head_dim]`: the new token's keys.
+    pub key: TensorRef<'a, T, 3>,
+    /// `[batch, num_kv_heads, head_dim]`: the new token's values.
+    pub value: TensorRef<'a, T, 3>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the key store written to.
+    pub k_data: TensorMut<'a, T, 4>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the value store written to.
+    pub v_data: TensorMut<'a, T, 4>,
+    /// `[total_used_pages]`: page ids of all requests, concatenated (including the new token's page).
+    pub indices: TensorRef<'a, i32, 1>,
+    /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
+    pub indptr: TensorRef<'a, i32, 1>,
+    /// `[batch]`: tokens in each request's last page, counting the new token (so at least 1).
+    pub last_page_len: TensorRef<'a, i32, 1>,
+}
+
+/// Layouts of [`PagedKvAppendArgs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedKvAppendArgsLayout {
+    /// Layout of `key`.
+    pub key: TensorLayout<3>,
+    /// Layout of `value`.
+    pub value: TensorLayout<3>,
+    /// Layout of `k_data`.
+    pub k_data: TensorLayout<4>,
+    /// Layout of `v_data`.
+    pub v_data: TensorLayout<4>,
+    /// Layout of `indices`.
+    pub indices: TensorLayout<1>,
+    /// Layout of `indptr`.
+    pub indptr: TensorLayout<1>,
+    /// Layout of `last_page_len`.
+    pub last_page_len: TensorLayout<1>,
+}
+
+impl<T> PagedKvAppendArgs<'_, T> {
+    /// The data-free layouts of these arguments.
+    pub fn layout(&self) -> PagedKvAppendArgsLayout {
+        PagedKvAppendArgsLayout {
+            key: self.key.layout(),
+            value: self.value.layout(),
+            k_data: self.k_data.layout(),
+            v_data: self.v_data.layout(),
+            indices: self.indices.layout(),
+            indptr: self.indptr.layout(),
+            last_page_len: self.last_page_len.layout(),
+        }
+    }
+}
+
+impl PagedKvAppendArgsLayout {
+    /// Contiguous layouts for `desc` with `num_indices` page ids.
+    pub fn contiguous(desc: &PagedKvAppendDescriptor, num_indices: i32) -> Self {
+        let kv = &desc.paged_kv;
+        let b = desc.batch_size;
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
+        Self {
+            key: TensorLayout::contiguous([b, kv.num_kv_heads, kv.head_dim]),
+            value: TensorLayout::contiguous([b, kv.num_kv_heads, kv.head_dim]),
+            k_data: TensorLayout::contiguous(store),
+            v_data: TensorLayout::contiguous(store),
+            indices: TensorLayout::contiguous([num_indices]),
+            indptr: TensorLayout::contiguous([b.saturating_add(1)]),
+            last_page_len: TensorLayout::contiguous([b]),
+        }
+    }
+}
+
+/// Writes one new K/V token per request into the paged store.
+///
+/// Convention: the caller advances the page table *before* `run` — allocates a new page when
+/// the request's last page is full and increments `last_page_len[b]` — so the token lands in
+/// slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
+/// with `last_page_len[b]` outside `[1, page_size]` are left untouched.
+#[derive(Debug)]
+pub struct PagedKvAppendPlan<T: Element> {
+    desc: PagedKvAppendDescriptor,
+    pref: PlanPreference,
+    arch: ArchSku,
+    append_fn: CudaFunction,
+    check_fn: CudaFunction,
+    /// The context the kernels were loaded into: `run` launches only on its streams.
+    ctx: Arc<CudaContext>,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> PagedKvAppendPlan<T> {
+    /// Validates `desc` for element `T` (no GPU needed).
+    pub fn check_descriptor(desc: &PagedKvAppendDescriptor) -> Result<()> {
+        if desc.paged_kv.element != T::KIND {
+            return Err(invalid(format!(
+                "descriptor element {:?} does not match the plan's element type {:?}",
+                desc.paged_kv.element,
+                T::KIND
+            )));
+        }
+        check_paged_kv(&desc.paged_kv)?;
+        positive("batch_size", desc.batch_size)?;
+        if desc.batch_size == i32::MAX {
+            return Err(invalid("batch_size + 1 (the length of indptr) overflows i32"));
+        }
+        if desc.paged_kv.num_kv_heads > 65535 {
+            return Err(Error::Unsupported("num_kv_heads above 65535".into()));
+        }
+        Ok(())
+    }
+
+    /// Checks every argument's shape, contiguity and storage size (no GPU needed).
+    pub fn check_layout(desc: &PagedKvAppendDescriptor, args: &PagedKvAppendArgsLayout) -> Result<()> {
+        let kv = &desc.paged_kv;
+        let b = desc.batch_size;
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
+        let row = [b, kv.num_kv_heads, kv.head_dim];
+        expect_layout("key", &args.key, row, "[batch_size, num_kv_heads, head_dim]")?;
+        expect_layout("value", &args.value, row, "[batch_size, num_kv_heads, head_dim]")?;
+        expect_layout("k_data", &args.k_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        expect_layout("v_data", &args.v_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        if args.indices.shape[0] < 0 {
+            return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
+        }
+        expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
+        let b1 =
+            b.checked_add(1).ok_or_else(|| invalid("batch_size + 1 (the length of indptr) overflows i32"))?;
+        expect_layout("indptr", &args.indptr, [b1], "[batch_size + 1]")?;
+        expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
+        Ok(())
+    }
+
+    /// Validates `desc` and loads the append kernel for `stream`'s device.
+    pub fn select(
+        stream: &Arc<CudaStream>,
+        desc: &PagedKvAppendDescriptor,
+        pref: PlanPreference,
+    ) -> Result<Self> {
+        Self::check_descriptor(desc)?;
+        if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
+            return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
+        }
+        let ctx = stream.context();
+        let props = DeviceProps::query(ctx)?;
+        Ok(Self {
+            desc: *desc,
+            pref,
+            arch: ptx::build_for(props.compute_capability),
+            append_fn: device::function(ctx, &entry::append(T::KIND), 0)?,
+            check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
+            ctx: ctx.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Checks the arguments against the plan's descriptor.
+    pub fn can_implement(&self, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
+        Self::check_layout(&self.desc, &args.layout())
+    }
+
+    /// Always 0: appending needs no scratch memory.
+    pub fn workspace_size(&self) -> usize {
+        0
+    }
+
+    /// Identity of the selected kernel.
+    pub fn sku(&self) -> KernelSku {
+        KernelSku {
+            category: OpCategory::KvCache,
+            op: AttentionKind::PagedKvAppend,
+            element: T::KIND,
+            aux_element: ElementKind::I32,
+            layout: KvLayout::Hnd,
+            epilogue: Epilogue::None,
+            arch: self.arch,
+            backend: BackendKind::RustPtx,
+            precision_guarantee: self.precision_guarantee(),
+        }
+    }
+
+    /// What this plan promises about its numbers (exact copies).
+    pub fn precision_guarantee(&self) -> PrecisionGuarantee {
+        PrecisionGuarantee {
+            math_precision: MathPrecision::Exact,
+            accumulator: T::KIND,
+            bit_stable_on_same_hardware: true,
+            deterministic: true,
+        }
+    }
+
+    /// Validates the device page table of `args` against the append contract (see
+    /// [`crate::page_table`]: every request owns a page, `last_page_len ∈ [1, page_size]`, no two
+    /// requests append to the same slot) on the GPU, synchronizes `stream` and reports the first
+    /// violation as [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`]
+    /// while `stream` is being captured into a graph.
+    pub fn check_page_table(&self, stream: &Arc<CudaStream>, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
+        args.check_launch_context(&self.ctx, stream)?;
+        self.can_implement(args)?;
+        let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+        check_on_device(stream, &self.check_fn, table, self.desc.batch_size as u32, &self.desc.paged_kv, true)
+    }
+
+    /// Launches the append on `stream` (no allocation, no synchronization unless
+    /// [`PlanPreference::checked`], which first runs [`Self::check_page_table`] and writes
+    /// nothing when it fails).
+    ///
+    /// Unchecked, the kernel trusts the table as far as the append contract goes but never
+    /// writes outside the store: it skips a request with no page, with `last_page_len` outside
+    /// `[1, page_size]` or with a last page id outside the store (its token is dropped), and two
+    /// requests appending to the same slot race for it (the row ends up an unspecified mix of
+    /// their tokens' 16-byte pieces).
+    ///
+    /// As [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run), operands of another context are [`Error::WrongDevice`]
+    /// and a checked run while `stream` captures is [`Error::CheckedUnderCapture`].
+    pub fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        _workspace: &mut Workspace<'_>,
+        args: &mut PagedKvAppendArgs<'_, T>,
+    ) -> Result<()> {
+        if self.pref.checked {
+            self.check_page_table(stream, args)?;
+        }
+        args.check_launch_context(&self.ctx, stream)?;
+        self.can_implement(args)?;
+        let kv = &self.desc.paged_kv;
+        let (key, _a) = args.key.data.device_ptr(stream);
+        let (value, _b) = args.value.data.device_ptr(stream);
+        let (indices, _i) = args.indices.data.device_ptr(stream);
+        let (indptr, _p) = args.indptr.data.device_ptr(stream);
+        let (last, _l) = args.last_page_len.data.device_ptr(stream);
+        let (k, _k) = args.k_data.data.device_ptr_mut(stream);
+        let (v, _v) = args.v_data.data.device_ptr_mut(stream);
+        for (name, ptr) in [("key", key), ("value", value), ("k_data", k), ("v_data", v)] {
+            aligned(name, ptr, 16)?;
+        }
+        let p = AppendParams {
+            key,
+            value,
+            k_data: k,
+            v_data: v,
+            indices,
+            indptr,
+            last_page_len: last,
+            batch: self.desc.batch_size as u32,
+            num_kv_heads: kv.num_kv_heads as u32,
+            page_size: kv.page_size as u32,
+            head_dim: kv.head_dim as u32,
+            num_total_pages: kv.num_total_pages as u32,
+            num_indices: args.indices.shape[0] as u32,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (self.desc.batch_size as u32, kv.num_kv_heads as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every tensor lives in the stream's context, which is the plan's (checked above),
+        // and holds its shape (`can_implement`); the kernel bounds-checks the page table before
+        // it writes, and the view guards order the launch after earlier uses of the tensors.
+        unsafe { stream.launch_builder(&self.append_fn).arg(&p).launch(cfg)? };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::{bf16, f16};
+
+    use super::*;
+
+    #[test]
+    fn every_entry_select_loads_is_in_the_shipped_ptx() {
+        for ptx in [ptx::PTX, ptx::PTX_SM90] {
+            let shipped = ptx::entries(ptx);
+            for name in [entry::append(f16::KIND), entry::append(bf16::KIND), entry::append(f32::KIND)] {
+                assert!(shipped.contains(&name.as_str()), "{name} is not in the PTX");
+            }
+            assert!(shipped.contains(&entry::CHECK_PAGE_TABLE));
+        }
+    }
+}

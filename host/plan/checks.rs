@@ -1,0 +1,101 @@
+//! Host-side validation shared by the plans: descriptors, argument layouts and alignment.
+
+use crate::error::{Error, Result, invalid};
+use crate::params;
+use crate::tensor::TensorLayout;
+use crate::types::{BatchPagedDecodeDescriptor, ElementKind, PagedKvCacheDescriptor};
+
+use super::config::{MAX_SPLITS, SUPPORTED_HEAD_DIMS};
+
+/// The decode descriptor checks that do not depend on the plan's element type: element,
+/// extents, grouping, scale and the grid and size limits.
+pub(super) fn check_decode_descriptor(desc: &BatchPagedDecodeDescriptor) -> Result<()> {
+    let kv = &desc.paged_kv;
+    check_paged_kv(kv)?;
+    positive("batch_size", desc.batch_size)?;
+    positive("num_qo_heads", desc.num_qo_heads)?;
+    if desc.num_qo_heads % kv.num_kv_heads != 0 {
+        return Err(invalid(format!(
+            "num_qo_heads ({}) must be a multiple of num_kv_heads ({})",
+            desc.num_qo_heads, kv.num_kv_heads
+        )));
+    }
+    if !desc.sm_scale.is_finite() {
+        return Err(invalid(format!("sm_scale must be finite, got {}", desc.sm_scale)));
+    }
+    let group = desc.num_qo_heads / kv.num_kv_heads;
+    let per_cta = params::standard_tiling(kv.head_dim as u32).heads_per_cta as u64;
+    let y = kv.num_kv_heads as u64 * (group as u64).div_ceil(per_cta);
+    if y > 65535 {
+        return Err(Error::Unsupported(format!(
+            "num_kv_heads × ceil(group / {per_cta}) = {y} exceeds the grid limit 65535"
+        )));
+    }
+    let rows = desc.batch_size as i64 * desc.num_qo_heads as i64;
+    if rows * MAX_SPLITS as i64 > u32::MAX as i64 {
+        return Err(Error::Unsupported(format!("batch_size × num_qo_heads = {rows} is too large")));
+    }
+    Ok(())
+}
+
+pub(super) fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {
+    positive("page_size", kv.page_size)?;
+    positive("num_total_pages", kv.num_total_pages)?;
+    positive("num_kv_heads", kv.num_kv_heads)?;
+    positive("head_dim", kv.head_dim)?;
+    if !SUPPORTED_HEAD_DIMS.contains(&kv.head_dim) {
+        return Err(Error::Unsupported(format!(
+            "head_dim {} (supported: {SUPPORTED_HEAD_DIMS:?})",
+            kv.head_dim
+        )));
+    }
+    if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
+        return Err(Error::Unsupported(format!("element type {:?}", kv.element)));
+    }
+    let rows = kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128;
+    if rows > u32::MAX as u128 {
+        return Err(Error::Unsupported(format!(
+            "the paged K/V store has {rows} rows (pages × kv_heads × page_size); at most 2^32 - 1 are supported"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn positive(name: &str, v: i32) -> Result<()> {
+    if v <= 0 {
+        return Err(invalid(format!("{name} must be positive, got {v}")));
+    }
+    Ok(())
+}
+
+pub(super) fn expect_layout<const N: usize>(
+    name: &str,
+    t: &TensorLayout<N>,
+    shape: [i32; N],
+    meaning: &str,
+) -> Result<()> {
+    if t.shape != shape {
+        return Err(invalid(format!("{name}: shape {:?} must be {meaning} = {shape:?}", t.shape)));
+    }
+    if !t.is_contiguous() {
+        return Err(invalid(format!(
+            "{name}: strides {:?} are not contiguous row-major for shape {:?}",
+            t.stride, t.shape
+        )));
+    }
+    if t.storage_len < t.numel() {
+        return Err(invalid(format!(
+            "{name}: storage holds {} elements, the shape needs {}",
+            t.storage_len,
+            t.numel()
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn aligned(name: &'static str, ptr: u64, required: usize) -> Result<()> {
+    if !ptr.is_multiple_of(required as u64) {
+        return Err(Error::MisalignedOperand { operand: name, required });
+    }
+    Ok(())
+}

@@ -1,0 +1,410 @@
+//! The launch-configuration rules of the decode plan: which kernel, how many chunks per request,
+//! the lean kernel's launch and the workspace layout, chosen from the descriptor and the device
+//! (never from the lengths, which live on the device).
+//!
+//! Vocabulary (the kernels'): a *chunk* is a token range of one request that one CTA processes
+//! (per KV head and head block); a request that is not split is one chunk. A *chunk index* is a
+//! chunk's position in the partition, `0..num_chunks` (the kernels call it an *item*: their
+//! `balance_items` and `item_map` are [`DecodeConfig::balance_chunks`] and the chunk map here).
+
+use crate::device::DeviceProps;
+use crate::error::{Error, Result};
+use crate::params;
+use crate::ptx::entry;
+use crate::types::*;
+
+use super::checks::check_decode_descriptor;
+
+/// Head dimensions with compiled kernels.
+pub const SUPPORTED_HEAD_DIMS: [i32; 3] = [64, 128, 256];
+/// Upper bound on KV splits per request.
+pub const MAX_SPLITS: u32 = params::MAX_CHUNKS_PER_REQUEST;
+/// Preferred chunk, in pipeline tiles: one with fewer tiles is mostly fixed latency.
+const PREFERRED_CHUNK_TILES: u32 = 4;
+/// Grid y limit: the split kernels' chunks run along y.
+const MAX_GRID_Y: u32 = 65535;
+/// Fraction of the last wave of CTAs that must be busy before splitting stops.
+const WAVE_EFFICIENCY: f64 = 0.85;
+/// Default bound of [`PlanPreference::lean_max_avg_tokens`]: page tables holding at most this
+/// many tokens per request run the lean kernel when the batch fills more than a wave.
+pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
+
+/// Which decode kernel a plan launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// Tensor-core kernel for f16 / bf16.
+    Mma,
+    /// CUDA-core kernel (f32).
+    Simt,
+}
+
+/// Launch configuration chosen by rule from the descriptor and the device (never from lengths,
+/// which live on the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeConfig {
+    /// Which decode kernel is launched.
+    pub kernel: DecodeKernel,
+    /// CTAs per (request, KV head) along the query heads of the group.
+    pub head_blocks: u32,
+    /// 16-row query tiles of the fullest head block.
+    pub q_tiles: u32,
+    /// Dynamic shared memory per CTA.
+    pub smem_bytes: u32,
+    /// Chunks per request at equal lengths; > 1 adds the merge pass and needs a workspace. The
+    /// kernel then partitions `batch × num_splits` chunks by the actual lengths: long requests
+    /// get more chunks than short ones.
+    pub num_splits: u32,
+    /// Chunks beyond `batch × num_splits` that only lengths longer than the batch's average use
+    /// (a long request among short ones is split further); > 0 also selects the split kernel.
+    pub spare_chunks: u32,
+    /// With spare chunks: the chunks one wave of CTAs holds. The kernel keeps chunks at least
+    /// `total tokens / balance_chunks` long, so a long request is cut to about a wave's share and
+    /// equal lengths stay whole. 0 otherwise.
+    pub balance_chunks: u32,
+    /// Split kernels: consecutive CTAs cover the KV heads and head blocks of one chunk (true), or
+    /// consecutive chunks of one head block (false, as the unsplit kernels).
+    pub heads_along_x: bool,
+    /// Smallest chunk a split takes, in tokens.
+    pub min_chunk: u32,
+    /// Chunk size the kernel prefers when half the chunks stay busy (four tiles).
+    pub preferred_chunk: u32,
+    /// CTAs resident at once on the device (SMs × CTAs per SM): one wave.
+    pub wave_ctas: u32,
+    /// The lean kernel's launch (16-bit elements, head_dim 64 or 128), which `run` takes for
+    /// short requests ([`PlanPreference::lean_max_avg_tokens`]).
+    pub lean: Option<LeanLaunch>,
+}
+
+/// Which kernel `run` launches for a page table of a given size
+/// ([`BatchPagedDecodePlan::path`](super::BatchPagedDecodePlan::path)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodePath {
+    /// The standard kernel, one CTA per request (and KV head, head block).
+    Whole,
+    /// The lean kernel, one CTA per request: short requests ([`DecodeConfig::lean`]).
+    Lean,
+    /// The split kernel, each CTA deriving the length-aware partition from the page table.
+    Split,
+    /// The schedule kernel computes the partition once, then the split kernel runs
+    /// ([`DecodeConfig::is_scheduled`]).
+    Scheduled,
+}
+
+impl DecodePath {
+    /// Short lowercase name (bench rows, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodePath::Whole => "whole",
+            DecodePath::Lean => "lean",
+            DecodePath::Split => "split",
+            DecodePath::Scheduled => "scheduled",
+        }
+    }
+}
+
+/// Launch shape of the lean tensor-core kernel (`params::lean_tiling` in `kernels-gpu`): whole
+/// requests, at most 32 query heads per CTA; four CTAs per SM on sm_90 for groups of up to 16
+/// query heads per KV head, three for larger groups (shared memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeanLaunch {
+    /// CTAs per (request, KV head) along the query heads of the group.
+    pub head_blocks: u32,
+    /// Dynamic shared memory per CTA.
+    pub smem_bytes: u32,
+}
+
+impl LeanLaunch {
+    /// The lean launch for `desc`, when the lean kernel covers its element type and head_dim
+    /// and the device has the shared memory.
+    fn for_descriptor(desc: &BatchPagedDecodeDescriptor, props: &DeviceProps) -> Option<Self> {
+        let kv = &desc.paged_kv;
+        let d = kv.head_dim as u32;
+        if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16) || !entry::LEAN_HEAD_DIMS.contains(&d)
+        {
+            return None;
+        }
+        let tiling = params::lean_tiling(d);
+        let group = (desc.num_qo_heads / kv.num_kv_heads.max(1)).max(0) as u32;
+        let q_tiles = group.min(tiling.heads_per_cta).div_ceil(16);
+        let smem_bytes = params::mma_smem_bytes(tiling, d, q_tiles);
+        let head_blocks = group.div_ceil(tiling.heads_per_cta);
+        let grid_y = kv.num_kv_heads.max(0) as u64 * head_blocks as u64;
+        (smem_bytes <= props.smem_per_block_optin && grid_y <= MAX_GRID_Y as u64)
+            .then_some(Self { head_blocks, smem_bytes })
+    }
+}
+
+impl DecodeConfig {
+    /// Picks the kernel and the split count from the number of (request, KV head, head block)
+    /// CTAs: half a wave or less, as many splits as one full wave holds (in whole merge batches
+    /// while 90 % of the wave stays busy); up to one poorly filled wave, no split but spare
+    /// chunks for long requests; one well-filled wave, no split; more than a wave, no split but
+    /// a wave's worth of spare chunks (equal lengths stay whole, a long request is cut to a
+    /// wave's share); otherwise enough splits that the last wave is at least 85 % busy. Capped
+    /// by [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
+    ///
+    /// A descriptor `select` would reject gets the same typed error here.
+    pub fn choose(
+        desc: &BatchPagedDecodeDescriptor,
+        props: &DeviceProps,
+        max_workspace_bytes: usize,
+    ) -> Result<Self> {
+        check_decode_descriptor(desc)?;
+        let kv = &desc.paged_kv;
+        let group = (desc.num_qo_heads / kv.num_kv_heads) as u32;
+        let d = kv.head_dim as u32;
+        let (kernel, head_blocks, q_tiles, smem_bytes, ctas_per_sm) = match kv.element {
+            ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, 16),
+            _ => {
+                let tiling = params::standard_tiling(d);
+                let per_cta = tiling.heads_per_cta;
+                let head_blocks = group.div_ceil(per_cta);
+                let q_tiles = group.min(per_cta).div_ceil(16);
+                let smem = params::mma_smem_bytes(tiling, d, q_tiles);
+                if smem > props.smem_per_block_optin {
+                    return Err(Error::Unsupported(format!(
+                        "head_dim {d} needs {smem} bytes of shared memory per block; the device allows {}",
+                        props.smem_per_block_optin
+                    )));
+                }
+                let per_sm = (props.smem_per_sm / (smem + 1024)).clamp(1, 16);
+                (DecodeKernel::Mma, head_blocks, q_tiles, smem, per_sm)
+            }
+        };
+        let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
+        let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
+        let min_chunk = match kernel {
+            DecodeKernel::Mma => params::standard_tiling(d).tile_tokens,
+            DecodeKernel::Simt => 64,
+        };
+        let probe = Self {
+            kernel,
+            head_blocks,
+            q_tiles,
+            smem_bytes,
+            num_splits: 1,
+            spare_chunks: 0,
+            balance_chunks: 0,
+            heads_along_x: true,
+            min_chunk,
+            preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
+            wave_ctas: wave.min(u32::MAX as u64) as u32,
+            lean: LeanLaunch::for_descriptor(desc, props),
+        };
+        let base = desc.batch_size.max(0) as u64 * probe.ctas_per_chunk(desc); // CTAs, unsplit
+        let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
+        if 2 * base <= wave {
+            // Half a wave or less: split as far as one full wave holds (more CTAs in flight,
+            // shorter chunks), within MAX_SPLITS and the workspace.
+            let mut most = (wave / base.max(1)).min(MAX_SPLITS as u64) as u32;
+            if kernel == DecodeKernel::Mma {
+                // A split count just past a multiple of the merge's batch costs a whole merge
+                // round trip for a few more CTAs: round down while 90 % of the wave stays busy.
+                let batch = params::decode_merge_batch(d);
+                let down = most / batch * batch;
+                if down > 0 && 10 * down as u64 * base >= 9 * wave {
+                    most = down;
+                }
+            }
+            let num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
+            return Ok(Self { num_splits, ..probe });
+        }
+        if efficiency(base) >= WAVE_EFFICIENCY {
+            // A well-filled wave, or several: one chunk per request at equal lengths. Past one
+            // wave, a wave's worth of spare chunks lets a long request be cut to a wave's share
+            // (`total / wave_chunks` tokens), which then exceeds the average length, so equal
+            // lengths stay whole; within one wave it would split them.
+            if base > wave {
+                let with_spare = probe.with_spare(desc, probe.wave_chunks(desc));
+                if with_spare.fits(desc, max_workspace_bytes) {
+                    return Ok(with_spare);
+                }
+            }
+            return Ok(probe);
+        }
+        if base <= wave {
+            // Up to one poorly filled wave: one chunk per request at equal lengths (splitting
+            // them measured slower), plus spare chunks (fewer than `batch`, so equal lengths stay
+            // whole) for requests longer than a wave's share.
+            let spare = probe.wave_chunks(desc).min(desc.batch_size as u32 - 1);
+            let with_spare = probe.with_spare(desc, spare);
+            if spare > 0 && with_spare.fits(desc, max_workspace_bytes) {
+                return Ok(with_spare);
+            }
+        }
+        // Split until the last wave is busy enough.
+        let mut best = (efficiency(base), 1);
+        for s in 2..=MAX_SPLITS {
+            if !fits(s) {
+                break;
+            }
+            let e = efficiency(base * s as u64);
+            if e > best.0 + 1e-9 {
+                best = (e, s);
+            }
+            if e >= WAVE_EFFICIENCY {
+                break;
+            }
+        }
+        Ok(Self { num_splits: best.1, ..probe })
+    }
+
+    /// CTAs per chunk: one per KV head and head block.
+    fn ctas_per_chunk(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
+        desc.paged_kv.num_kv_heads.max(1) as u64 * self.head_blocks.max(1) as u64
+    }
+
+    /// Chunks that one wave of CTAs holds (each takes a CTA per KV head and head block).
+    fn wave_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        (self.wave_ctas as u64 / self.ctas_per_chunk(desc)).max(1) as u32
+    }
+
+    /// This configuration with `spare_chunks` spare chunks and, with any, the balance bound.
+    /// Measured CTA orders: chunk-major for split requests and for grids beyond one wave,
+    /// head-major for unsplit requests with spare chunks within one wave.
+    fn with_spare(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Self {
+        let balance_chunks = if spare_chunks > 0 { self.wave_chunks(desc) } else { 0 };
+        let beyond_a_wave =
+            (desc.batch_size.max(0) as u64).saturating_mul(self.ctas_per_chunk(desc)) > self.wave_ctas as u64;
+        let heads_along_x = self.num_splits > 1 || beyond_a_wave;
+        Self { spare_chunks, balance_chunks, heads_along_x, ..self }
+    }
+
+    /// This configuration with `spare_chunks` spare chunks ([`PlanPreference::spare_chunks`]).
+    pub fn with_spare_chunks(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Result<Self> {
+        self.with_spare(desc, spare_chunks).within_grid(desc, "batch_size × num_splits + spare_chunks")
+    }
+
+    /// This configuration with `num_splits` chunks per request at equal lengths and no spare
+    /// chunks ([`PlanPreference::num_splits`]).
+    pub fn with_num_splits(self, desc: &BatchPagedDecodeDescriptor, num_splits: u32) -> Result<Self> {
+        if !(1..=MAX_SPLITS).contains(&num_splits) {
+            return Err(Error::Unsupported(format!("num_splits {num_splits} is outside 1..={MAX_SPLITS}")));
+        }
+        Self { num_splits, spare_chunks: 0, balance_chunks: 0, heads_along_x: true, ..self }
+            .within_grid(desc, "batch_size × num_splits")
+    }
+
+    /// Whether the split kernels' chunks fit along grid y.
+    fn grid_holds(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
+        !self.is_split() || self.num_chunks(desc) <= MAX_GRID_Y
+    }
+
+    /// This configuration, or [`Error::Unsupported`] naming its chunk count `what` when the
+    /// grid cannot hold it.
+    fn within_grid(self, desc: &BatchPagedDecodeDescriptor, what: &str) -> Result<Self> {
+        if !self.grid_holds(desc) {
+            return Err(Error::Unsupported(format!(
+                "{what} = {} exceeds the grid limit {MAX_GRID_Y}",
+                self.num_chunks(desc)
+            )));
+        }
+        Ok(self)
+    }
+
+    /// Whether the workspace and the grid hold this configuration.
+    fn fits(&self, desc: &BatchPagedDecodeDescriptor, max_workspace_bytes: usize) -> bool {
+        self.workspace_size(desc) <= max_workspace_bytes && self.grid_holds(desc)
+    }
+
+    /// Chunks per head block, `batch × num_splits + spare_chunks` (grid y of the split kernels,
+    /// whose CTAs partition the requests into them by length on the device; grid x = requests
+    /// otherwise).
+    pub fn num_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        let chunks = desc.batch_size.max(0) as u64 * self.num_splits as u64 + self.spare_chunks as u64;
+        chunks.min(u32::MAX as u64) as u32
+    }
+
+    /// CTAs per head block the launch has along its chunk dimension for a page table of
+    /// `num_indices` slots: one per request unsplit; split, `num_chunks`, or fewer when that many
+    /// slots cannot hold enough tokens to use them all (a short request in a one-wave grid). The
+    /// kernel's partition stays the one of `num_chunks`; a bound on the chunk size it picks shows
+    /// that it never produces more chunks than this (`chunking::max_items`). A page-table view
+    /// sized to the batch's pages (rather than to the largest batch a server expects) lets short
+    /// batches launch fewer CTAs.
+    pub fn launched_chunks(&self, desc: &BatchPagedDecodeDescriptor, num_indices: usize) -> u32 {
+        let batch = desc.batch_size.max(0) as u32;
+        if !self.is_split() {
+            return batch;
+        }
+        let page_size = desc.paged_kv.page_size.max(0) as u64;
+        crate::chunking::max_items(
+            batch,
+            self.num_chunks(desc),
+            (num_indices as u64).saturating_mul(page_size),
+            self.min_chunk,
+            self.preferred_chunk,
+            self.balance_chunks,
+        )
+    }
+
+    /// Whether requests may be split (the split kernel, a workspace and a merge).
+    pub fn is_split(&self) -> bool {
+        self.num_splits > 1 || self.spare_chunks > 0
+    }
+
+    /// Whether the split partition is computed once per launch by the schedule kernel (batches
+    /// of more than `PARTITION_CACHED_BATCH` (32) requests, whose page table every CTA
+    /// would otherwise read whole) rather than by every CTA.
+    pub fn is_scheduled(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
+        self.is_split() && desc.batch_size > params::PARTITION_CACHED_BATCH as i32
+    }
+
+    /// Workspace bytes: the split state, partial outputs and log-sum-exps of every chunk, and
+    /// the chunk map of a scheduled partition.
+    pub fn workspace_size(&self, desc: &BatchPagedDecodeDescriptor) -> usize {
+        if !self.is_split() {
+            return 0;
+        }
+        self.workspace_layout(desc).total
+    }
+
+    pub(super) fn workspace_layout(&self, desc: &BatchPagedDecodeDescriptor) -> WorkspaceLayout {
+        let chunks = self.num_chunks(desc);
+        // Saturating: total for any configuration (`select` bounds the real ones).
+        let round = |bytes: usize| bytes.checked_next_multiple_of(256).unwrap_or(usize::MAX);
+        let slots = (desc.batch_size.max(0) as usize).saturating_mul(self.ctas_per_chunk(desc) as usize);
+        let state = round(slots.saturating_mul(8));
+        let rows = (chunks as usize).saturating_mul(desc.num_qo_heads.max(0) as usize);
+        let o_bytes = round(rows.saturating_mul(desc.paged_kv.head_dim.max(0) as usize).saturating_mul(4));
+        let partial_lse = state.saturating_add(o_bytes);
+        let lse_bytes = rows.saturating_mul(4);
+        if self.is_scheduled(desc) {
+            let chunk_map = partial_lse.saturating_add(round(lse_bytes));
+            let total = chunk_map.saturating_add(params::item_map_bytes(chunks));
+            WorkspaceLayout {
+                state_bytes: state,
+                partial_o: state,
+                partial_lse,
+                chunk_map: Some(chunk_map),
+                total,
+            }
+        } else {
+            WorkspaceLayout {
+                state_bytes: state,
+                partial_o: state,
+                partial_lse,
+                chunk_map: None,
+                total: partial_lse.saturating_add(lse_bytes),
+            }
+        }
+    }
+}
+
+/// Byte offsets of a splitting launch's regions in the workspace: the split state (arrival
+/// counters, a `[ticket, done]` pair per (request, KV head, head block)) first, then the
+/// partial outputs and log-sum-exps, then the chunk map of a scheduled partition.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WorkspaceLayout {
+    /// Bytes of the split state, which starts the workspace.
+    pub(super) state_bytes: usize,
+    /// Offset of the partial outputs, `[num_chunks, num_qo_heads, head_dim]` f32.
+    pub(super) partial_o: usize,
+    /// Offset of the partial log-sum-exps, `[num_chunks, num_qo_heads]` f32.
+    pub(super) partial_lse: usize,
+    /// Offset of the chunk map (each chunk index's request and token range; the kernels'
+    /// `item_map`), written by the schedule kernel of a scheduled partition.
+    pub(super) chunk_map: Option<usize>,
+    /// Bytes of the whole layout.
+    total: usize,
+}

@@ -1,0 +1,582 @@
+//! The decode plan: [`BatchPagedDecodePlan`] selects a configuration and loads its kernels
+//! (`select`), then launches them (`run`) on the path the page table's size picks (`path`).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+
+use crate::device::{self, DeviceProps};
+use crate::error::{Error, Result, invalid};
+use crate::guard;
+use crate::params::{self, DecodeParams};
+use crate::ptx::{self, entry, entry::DecodeVariant};
+use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
+use crate::types::*;
+
+use super::checks::{aligned, check_decode_descriptor, expect_layout};
+use super::config::{DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS};
+use super::table_check::{PageTableView, check_on_device};
+
+/// Arguments of [`BatchPagedDecodePlan::run`].
+#[derive(Debug)]
+pub struct BatchPagedDecodeArgs<'a, T> {
+    /// `[batch, num_qo_heads, head_dim]`.
+    pub q: TensorRef<'a, T, 3>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
+    pub k_data: TensorRef<'a, T, 4>,
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
+    pub v_data: TensorRef<'a, T, 4>,
+    /// `[total_used_pages]`: page ids of all requests, concatenated.
+    pub indices: TensorRef<'a, i32, 1>,
+    /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
+    pub indptr: TensorRef<'a, i32, 1>,
+    /// `[batch]`: tokens used in each request's last page, in `[0, page_size]`.
+    pub last_page_len: TensorRef<'a, i32, 1>,
+    /// `[batch, num_qo_heads, head_dim]`.
+    pub o: TensorMut<'a, T, 3>,
+    /// `[batch, num_qo_heads]`: base-2 log-sum-exp of the scaled logits (`-inf` for empty requests).
+    pub lse: TensorMut<'a, f32, 2>,
+}
+
+/// The shapes, strides and storage sizes of [`BatchPagedDecodeArgs`] (checkable without a GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPagedDecodeArgsLayout {
+    /// Layout of `q`.
+    pub q: TensorLayout<3>,
+    /// Layout of `k_data`.
+    pub k_data: TensorLayout<4>,
+    /// Layout of `v_data`.
+    pub v_data: TensorLayout<4>,
+    /// Layout of `indices`.
+    pub indices: TensorLayout<1>,
+    /// Layout of `indptr`.
+    pub indptr: TensorLayout<1>,
+    /// Layout of `last_page_len`.
+    pub last_page_len: TensorLayout<1>,
+    /// Layout of `o`.
+    pub o: TensorLayout<3>,
+    /// Layout of `lse`.
+    pub lse: TensorLayout<2>,
+}
+
+impl<T> BatchPagedDecodeArgs<'_, T> {
+    /// The data-free layouts of these arguments.
+    pub fn layout(&self) -> BatchPagedDecodeArgsLayout {
+        BatchPagedDecodeArgsLayout {
+            q: self.q.layout(),
+            k_data: self.k_data.layout(),
+            v_data: self.v_data.layout(),
+            indices: self.indices.layout(),
+            indptr: self.indptr.layout(),
+            last_page_len: self.last_page_len.layout(),
+            o: self.o.layout(),
+            lse: self.lse.layout(),
+        }
+    }
+}
+
+impl BatchPagedDecodeArgsLayout {
+    /// Contiguous layouts for `desc` with `num_indices` page ids.
+    pub fn contiguous(desc: &BatchPagedDecodeDescriptor, num_indices: i32) -> Self {
+        let kv = &desc.paged_kv;
+        let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+        Self {
+            q: TensorLayout::contiguous([b, hq, d]),
+            k_data: TensorLayout::contiguous(store),
+            v_data: TensorLayout::contiguous(store),
+            indices: TensorLayout::contiguous([num_indices]),
+            indptr: TensorLayout::contiguous([b.saturating_add(1)]),
+            last_page_len: TensorLayout::contiguous([b]),
+            o: TensorLayout::contiguous([b, hq, d]),
+            lse: TensorLayout::contiguous([b, hq]),
+        }
+    }
+}
+
+/// The configuration [`BatchPagedDecodePlan::select`] takes: the rule's
+/// ([`DecodeConfig::choose`]) with the preference's split and spare-chunk overrides, within its
+/// workspace limit.
+fn configure(
+    desc: &BatchPagedDecodeDescriptor,
+    props: &DeviceProps,
+    pref: &PlanPreference,
+) -> Result<DecodeConfig> {
+    let mut config = DecodeConfig::choose(desc, props, pref.max_workspace_bytes)?;
+    if let Some(s) = pref.num_splits {
+        config = config.with_num_splits(desc, s)?;
+    }
+    if let Some(n) = pref.spare_chunks {
+        config = config.with_spare_chunks(desc, n)?;
+    }
+    if config.workspace_size(desc) > pref.max_workspace_bytes {
+        return Err(Error::Unsupported(format!(
+            "the plan needs {} workspace bytes; max_workspace_bytes is {}",
+            config.workspace_size(desc),
+            pref.max_workspace_bytes
+        )));
+    }
+    Ok(config)
+}
+
+/// Names of the entry points [`BatchPagedDecodePlan::select`] loads for a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DecodeEntries {
+    /// The kernel `run` launches on the split and scheduled paths of a split configuration, and
+    /// on the whole path otherwise.
+    decode: String,
+    /// Split configurations: the unsplit kernel, for the whole path.
+    whole: Option<String>,
+    /// Scheduled configurations ([`DecodeConfig::is_scheduled`]): the schedule kernel.
+    schedule: Option<&'static str>,
+    /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
+    lean: Option<String>,
+}
+
+impl DecodeEntries {
+    fn of(config: &DecodeConfig, desc: &BatchPagedDecodeDescriptor, pref: &PlanPreference) -> Self {
+        let name = |variant| {
+            entry::decode(config.kernel, variant, desc.paged_kv.element, desc.paged_kv.head_dim as u32)
+        };
+        let split = config.is_split();
+        Self {
+            decode: name(if split { DecodeVariant::Split } else { DecodeVariant::Whole }),
+            whole: split.then(|| name(DecodeVariant::Whole)),
+            schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
+            lean: config
+                .lean
+                .filter(|_| pref.lean_max_avg_tokens != Some(0))
+                .map(|_| name(DecodeVariant::Lean)),
+        }
+    }
+}
+
+/// Batched decode over a paged K/V store.
+#[derive(Debug)]
+pub struct BatchPagedDecodePlan<T: Element> {
+    desc: BatchPagedDecodeDescriptor,
+    config: DecodeConfig,
+    pref: PlanPreference,
+    arch: ArchSku,
+    decode_fn: CudaFunction,
+    /// Split configurations: the unsplit kernel, launched when the page table is too short for
+    /// any request to take more than one chunk.
+    whole_fn: Option<CudaFunction>,
+    /// Split configurations of large batches: the schedule kernel ([`DecodeConfig::is_scheduled`]).
+    schedule_fn: Option<CudaFunction>,
+    /// The lean kernel, for short requests ([`DecodeConfig::lean`]).
+    lean_fn: Option<CudaFunction>,
+    check_fn: CudaFunction,
+    /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
+    programmatic: bool,
+    /// The context the kernels were loaded into: `run` launches only on its streams.
+    ctx: Arc<CudaContext>,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> BatchPagedDecodePlan<T> {
+    /// Validates `desc` for element `T` (no GPU needed).
+    pub fn check_descriptor(desc: &BatchPagedDecodeDescriptor) -> Result<()> {
+        let kv = &desc.paged_kv;
+        if kv.element != T::KIND {
+            return Err(invalid(format!(
+                "descriptor element {:?} does not match the plan's element type {:?}",
+                kv.element,
+                T::KIND
+            )));
+        }
+        check_decode_descriptor(desc)
+    }
+
+    /// Checks every argument's shape, contiguity and storage size against `desc` (no GPU needed).
+    pub fn check_layout(desc: &BatchPagedDecodeDescriptor, args: &BatchPagedDecodeArgsLayout) -> Result<()> {
+        let kv = &desc.paged_kv;
+        let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+        expect_layout("q", &args.q, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
+        expect_layout("k_data", &args.k_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        expect_layout("v_data", &args.v_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        if args.indices.shape[0] < 0 {
+            return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
+        }
+        expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
+        let b1 =
+            b.checked_add(1).ok_or_else(|| invalid("batch_size + 1 (the length of indptr) overflows i32"))?;
+        expect_layout("indptr", &args.indptr, [b1], "[batch_size + 1]")?;
+        expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
+        expect_layout("o", &args.o, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
+        expect_layout("lse", &args.lse, [b, hq], "[batch_size, num_qo_heads]")?;
+        Ok(())
+    }
+
+    /// Chooses a kernel and launch configuration for `desc` on `stream`'s device.
+    pub fn select(
+        stream: &Arc<CudaStream>,
+        desc: &BatchPagedDecodeDescriptor,
+        pref: PlanPreference,
+    ) -> Result<Self> {
+        Self::check_descriptor(desc)?;
+        if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
+            return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
+        }
+        let ctx = stream.context();
+        let props = DeviceProps::query(ctx)?;
+        if props.compute_capability.0 < 8 {
+            return Err(Error::Unsupported(format!(
+                "compute capability {}.{}; sm_80 or newer is required",
+                props.compute_capability.0, props.compute_capability.1
+            )));
+        }
+        let config = configure(desc, &props, &pref)?;
+        let arch = ptx::build_for(props.compute_capability);
+        let entries = DecodeEntries::of(&config, desc, &pref);
+        let whole_fn = match &entries.whole {
+            Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
+            None => None,
+        };
+        let schedule_fn = match entries.schedule {
+            Some(name) => Some(device::function(ctx, name, params::SCHEDULE_SMEM_BYTES)?),
+            None => None,
+        };
+        let lean_fn = match (config.lean, &entries.lean) {
+            (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
+            _ => None,
+        };
+        Ok(Self {
+            whole_fn,
+            schedule_fn,
+            lean_fn,
+            desc: *desc,
+            config,
+            pref,
+            programmatic: pref.programmatic_launch
+                && ptx::supports_programmatic_launch(props.compute_capability),
+            arch,
+            decode_fn: device::function(ctx, &entries.decode, config.smem_bytes)?,
+            check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
+            ctx: ctx.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// The descriptor this plan was selected for.
+    pub fn descriptor(&self) -> &BatchPagedDecodeDescriptor {
+        &self.desc
+    }
+
+    /// The launch configuration chosen by `select`.
+    pub fn config(&self) -> &DecodeConfig {
+        &self.config
+    }
+
+    /// Whether `run` launches as a programmatic dependent launch (sm_90+ and
+    /// [`PlanPreference::programmatic_launch`]).
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic
+    }
+
+    /// Checks the arguments against the plan's descriptor.
+    pub fn can_implement(&self, args: &BatchPagedDecodeArgs<'_, T>) -> Result<()> {
+        Self::check_layout(&self.desc, &args.layout())
+    }
+
+    /// Workspace bytes `run` needs (0 when requests are not split).
+    pub fn workspace_size(&self) -> usize {
+        self.config.workspace_size(&self.desc)
+    }
+
+    /// Identity of the selected kernel.
+    pub fn sku(&self) -> KernelSku {
+        KernelSku {
+            category: OpCategory::Attention,
+            op: AttentionKind::PagedAttention,
+            element: T::KIND,
+            aux_element: ElementKind::F32,
+            layout: KvLayout::Hnd,
+            epilogue: Epilogue::OutputAndLse,
+            arch: self.arch,
+            backend: BackendKind::RustPtx,
+            precision_guarantee: self.precision_guarantee(),
+        }
+    }
+
+    /// What this plan promises about its numbers.
+    pub fn precision_guarantee(&self) -> PrecisionGuarantee {
+        PrecisionGuarantee {
+            math_precision: match self.config.kernel {
+                DecodeKernel::Mma => MathPrecision::TensorCore16,
+                DecodeKernel::Simt => MathPrecision::Fp32,
+            },
+            accumulator: ElementKind::F32,
+            bit_stable_on_same_hardware: true,
+            deterministic: true,
+        }
+    }
+
+    /// Launches the decode on `stream`: one kernel launch. Never allocates or synchronizes
+    /// (graph-capturable), except with [`PlanPreference::checked`], which first validates the
+    /// page table on the device and waits for the verdict.
+    ///
+    /// When requests are split (`workspace_size() > 0`), the split state lives in the workspace
+    /// (see [`Workspace`]): the plan itself holds no device memory, so one plan may run on
+    /// several streams at once, each with its own workspace.
+    ///
+    /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
+    /// the output is unspecified but every access stays inside the given tensors.
+    ///
+    /// Refused before anything is enqueued: a stream of another context than the plan's, or a
+    /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]), and a
+    /// checked run on a capturing stream ([`Error::CheckedUnderCapture`]).
+    pub fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T>,
+    ) -> Result<()> {
+        if self.pref.checked {
+            guard::refuse_capture(stream)?;
+        }
+        args.check_launch_context(&self.ctx, stream)?;
+        workspace.check_context(&self.ctx)?;
+        self.can_implement(args)?;
+        let needed = self.workspace_size();
+        if workspace.len() < needed {
+            return Err(Error::WorkspaceTooSmall { needed, got: workspace.len() });
+        }
+        if self.pref.checked {
+            self.check_page_table(stream, args)?;
+        }
+        let kv = &self.desc.paged_kv;
+        let (q, _q) = args.q.data.device_ptr(stream);
+        let (k, _k) = args.k_data.data.device_ptr(stream);
+        let (v, _v) = args.v_data.data.device_ptr(stream);
+        let (indices, _i) = args.indices.data.device_ptr(stream);
+        let (indptr, _p) = args.indptr.data.device_ptr(stream);
+        let (last, _l) = args.last_page_len.data.device_ptr(stream);
+        let (o, _o) = args.o.data.device_ptr_mut(stream);
+        let (lse, _s) = args.lse.data.device_ptr_mut(stream);
+        for (name, ptr) in [("q", q), ("k_data", k), ("v_data", v), ("o", o)] {
+            aligned(name, ptr, 16)?;
+        }
+        let num_indices = args.indices.shape[0].max(0) as u32;
+        let path = self.path(num_indices as usize);
+        let lean = self.config.lean.filter(|_| path == DecodePath::Lean);
+        let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
+        let chunks = self.config.launched_chunks(&self.desc, num_indices as usize);
+        let layout = self.config.workspace_layout(&self.desc);
+        if split {
+            workspace.bind_split_state(layout.state_bytes)?;
+        }
+        let (ws_base, _w) = match workspace.bytes_mut() {
+            Some(ws) if split => {
+                let (base, guard) = ws.device_ptr_mut(stream);
+                aligned("workspace", base, 16)?;
+                (base, Some(guard))
+            }
+            _ => (0, None),
+        };
+        let at = |offset: usize| if split { ws_base + offset as u64 } else { 0 };
+        let scheduled = path == DecodePath::Scheduled;
+        let heads_along_x = self.config.heads_along_x;
+        let p = DecodeParams {
+            q,
+            k_data: k,
+            v_data: v,
+            indices,
+            indptr,
+            last_page_len: last,
+            o,
+            lse,
+            partial_o: at(layout.partial_o),
+            partial_lse: at(layout.partial_lse),
+            counters: at(0),
+            item_map: match layout.chunk_map {
+                Some(offset) if scheduled => at(offset),
+                _ => 0,
+            },
+            batch: self.desc.batch_size as u32,
+            num_qo_heads: self.desc.num_qo_heads as u32,
+            num_kv_heads: kv.num_kv_heads as u32,
+            page_size: kv.page_size as u32,
+            num_total_pages: kv.num_total_pages as u32,
+            num_indices,
+            num_chunks: if split { self.config.num_chunks(&self.desc) } else { self.desc.batch_size as u32 },
+            min_chunk: self.config.min_chunk,
+            preferred_chunk: self.config.preferred_chunk,
+            balance_items: self.config.balance_chunks,
+            heads_along_x: heads_along_x as u32,
+            page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
+            scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
+            // Only CTAs of the first wave can start before the previous kernel ends, and a
+            // scheduled partition is known only after it.
+            prefetch_ctas: if self.programmatic && !scheduled { self.config.wave_ctas } else { 0 },
+        };
+        let (head_blocks, smem_bytes) = match (lean, &self.lean_fn) {
+            (Some(l), Some(_)) => (l.head_blocks, l.smem_bytes),
+            _ => (self.config.head_blocks, self.config.smem_bytes),
+        };
+        let head_blocks = kv.num_kv_heads as u32 * head_blocks;
+        let chunks = if split { chunks } else { self.desc.batch_size as u32 };
+        let cfg = LaunchConfig {
+            // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
+            // otherwise x runs over the chunks (the requests, unsplit).
+            grid_dim: if split && heads_along_x {
+                (head_blocks, chunks, 1)
+            } else {
+                (chunks, head_blocks, 1)
+            },
+            block_dim: (params::DECODE_THREADS, 1, 1),
+            shared_mem_bytes: smem_bytes,
+        };
+        if let (true, Some(schedule)) = (scheduled, &self.schedule_fn) {
+            let one_cta = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (params::SCHEDULE_THREADS, 1, 1),
+                shared_mem_bytes: params::SCHEDULE_SMEM_BYTES,
+            };
+            // SAFETY: the schedule kernel reads the page table (clamped into its arrays, as the
+            // decode kernel does) and writes `item_map_bytes(num_chunks)` bytes at `item_map`,
+            // inside the workspace `workspace_size()` covers.
+            unsafe { device::launch(stream, schedule, one_cta, &p, self.programmatic)? };
+        }
+        let decode_fn = match (&self.lean_fn, &self.whole_fn) {
+            (Some(lean_fn), _) if lean.is_some() => lean_fn,
+            (_, Some(whole)) if !split => whole,
+            _ => &self.decode_fn,
+        };
+        // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
+        // descriptor, and the workspace holds `workspace_size()` bytes; `programmatic` implies
+        // the sm_90 PTX.
+        unsafe { device::launch(stream, decode_fn, cfg, &p, self.programmatic) }
+    }
+
+    /// The kernel `run` launches for a page table of `num_indices` slots (it reads only that
+    /// shape, never the lengths, so the choice holds across graph replays):
+    /// - lean, when the lean kernel is loaded, the table holds at most
+    ///   [`PlanPreference::lean_max_avg_tokens`] tokens per request, and the batch's lean CTAs
+    ///   fill more than one wave of the standard kernel's;
+    /// - whole, when the configuration does not split or the table is too short for any request
+    ///   to take two chunks (the same work without the partition, the workspace or the merge);
+    /// - scheduled or split otherwise ([`DecodeConfig::is_scheduled`]).
+    pub fn path(&self, num_indices: usize) -> DecodePath {
+        let desc = &self.desc;
+        let batch = desc.batch_size.max(0) as u64;
+        let tokens = num_indices as u64 * desc.paged_kv.page_size.max(0) as u64;
+        if let (Some(lean), Some(_)) = (self.config.lean, &self.lean_fn) {
+            let bound = self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS) as u64;
+            let ctas = batch * desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64;
+            if tokens <= bound * batch && ctas > self.config.wave_ctas as u64 {
+                return DecodePath::Lean;
+            }
+        }
+        if !self.config.is_split() || self.config.launched_chunks(desc, num_indices) as u64 <= batch {
+            DecodePath::Whole
+        } else if self.config.is_scheduled(desc) {
+            DecodePath::Scheduled
+        } else {
+            DecodePath::Split
+        }
+    }
+
+    /// Validates the device page table of `args` on the GPU without reading out of bounds,
+    /// then synchronizes `stream` and reports the first violation (lowest request) as
+    /// [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`] while `stream`
+    /// is being captured into a graph.
+    pub fn check_page_table(
+        &self,
+        stream: &Arc<CudaStream>,
+        args: &BatchPagedDecodeArgs<'_, T>,
+    ) -> Result<()> {
+        args.check_launch_context(&self.ctx, stream)?;
+        self.can_implement(args)?;
+        let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+        check_on_device(
+            stream,
+            &self.check_fn,
+            table,
+            self.desc.batch_size as u32,
+            &self.desc.paged_kv,
+            false,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Devices of the two PTX builds: an A100 (sm_80) and an H200 (sm_90).
+    const DEVICES: [DeviceProps; 2] = [
+        DeviceProps {
+            sm_count: 108,
+            compute_capability: (8, 0),
+            smem_per_sm: 167936,
+            smem_per_block_optin: 166912,
+        },
+        DeviceProps {
+            sm_count: 132,
+            compute_capability: (9, 0),
+            smem_per_sm: 233472,
+            smem_per_block_optin: 232448,
+        },
+    ];
+
+    /// Descriptors of every element type and several head dims, batches and groups, supported or
+    /// not.
+    fn descriptors() -> impl Iterator<Item = BatchPagedDecodeDescriptor> {
+        let elements =
+            [ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::I32, ElementKind::U8];
+        let shapes = [(1, 1, 1), (3, 8, 4), (64, 8, 8), (1000, 2, 16), (33, 1, 64)];
+        elements.into_iter().flat_map(move |element| {
+            [32, 64, 96, 128, 256].into_iter().flat_map(move |head_dim| {
+                shapes.map(|(batch_size, num_kv_heads, group)| BatchPagedDecodeDescriptor {
+                    batch_size,
+                    num_qo_heads: num_kv_heads * group,
+                    sm_scale: 0.125,
+                    paged_kv: PagedKvCacheDescriptor {
+                        page_size: 16,
+                        num_total_pages: 4096,
+                        num_kv_heads,
+                        head_dim,
+                        element,
+                    },
+                })
+            })
+        })
+    }
+
+    #[test]
+    fn every_entry_select_loads_is_in_the_shipped_ptx() {
+        let prefs = [
+            PlanPreference::default(),
+            PlanPreference { lean_max_avg_tokens: Some(0), ..PlanPreference::default() },
+            PlanPreference { num_splits: Some(4), ..PlanPreference::default() },
+            PlanPreference { spare_chunks: Some(8), ..PlanPreference::default() },
+        ];
+        let mut loaded = BTreeSet::new();
+        for props in DEVICES {
+            let shipped = ptx::entries(ptx::for_compute_capability(props.compute_capability));
+            for desc in descriptors() {
+                for pref in &prefs {
+                    let Ok(config) = configure(&desc, &props, pref) else { continue };
+                    let e = DecodeEntries::of(&config, &desc, pref);
+                    let names = [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
+                    for name in names.into_iter().flatten() {
+                        assert!(shipped.contains(&name), "{name} ({desc:?}, {pref:?}) is not in the PTX");
+                        loaded.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+        // The descriptors above reach every decode entry the host lists.
+        let listed: BTreeSet<String> = ptx::EXPECTED_ENTRIES
+            .iter()
+            .filter(|n| n.starts_with("decode_") || *n == entry::SCHEDULE_CHUNKS)
+            .cloned()
+            .collect();
+        assert_eq!(loaded, listed);
+    }
+}

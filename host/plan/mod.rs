@@ -1,0 +1,29 @@
+//! Plans: validate once on the host (`select`), then launch without allocating or synchronizing
+//! (`run`), so `run` can be captured into a CUDA graph.
+//!
+//! - `config`: the launch-configuration rules ([`DecodeConfig`], [`LeanLaunch`], [`DecodePath`])
+//!   and the workspace layout, pure functions of the descriptor and the device.
+//! - `decode`: [`BatchPagedDecodePlan`] and its arguments.
+//! - `append`: [`PagedKvAppendPlan`] and its arguments.
+//! - `checks` and `table_check`: descriptor and layout validation on the host, and the page-table
+//!   check on the device that [`PlanPreference::checked`](crate::PlanPreference::checked) runs.
+
+mod append;
+mod checks;
+mod config;
+mod decode;
+mod table_check;
+
+pub use append::{PagedKvAppendArgs, PagedKvAppendArgsLayout, PagedKvAppendPlan};
+pub use config::{
+    DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, LeanLaunch, MAX_SPLITS, SUPPORTED_HEAD_DIMS,
+};
+pub use decode::{BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan};
+
+use crate::params::{AppendParams, DecodeParams, PageTableCheckParams};
+
+// SAFETY: the parameter blocks are `#[repr(C)]` plain data (u64 device addresses, u32 and f32),
+// passed to the kernels by value with the layout both sides compile from `params.rs`.
+unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
+unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
+unsafe impl cudarc::driver::DeviceRepr for PageTableCheckParams {}

@@ -1,0 +1,117 @@
+//! The page-table check on the device ([`PlanPreference::checked`](crate::PlanPreference::checked)
+//! and the plans' `check_page_table`): one kernel over the table, then the verdict on the host.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use crate::error::{Error, Result};
+use crate::guard;
+use crate::params::{self, PageTableCheckParams};
+use crate::tensor::TensorRef;
+use crate::types::PagedKvCacheDescriptor;
+
+/// Device page-table arrays, borrowed from a plan's arguments.
+pub(super) struct PageTableView<'r, 'a> {
+    indices: &'r TensorRef<'a, i32, 1>,
+    indptr: &'r TensorRef<'a, i32, 1>,
+    last_page_len: &'r TensorRef<'a, i32, 1>,
+}
+
+impl<'r, 'a> PageTableView<'r, 'a> {
+    pub(super) fn of(
+        indices: &'r TensorRef<'a, i32, 1>,
+        indptr: &'r TensorRef<'a, i32, 1>,
+        last_page_len: &'r TensorRef<'a, i32, 1>,
+    ) -> Self {
+        Self { indices, indptr, last_page_len }
+    }
+}
+
+/// Runs the check kernel over `table` (the append contract with `append`) and waits for its
+/// verdict; [`Error::CheckedUnderCapture`] while `stream` captures. In append mode, a table that passes is then searched for two requests appending to
+/// the same slot, from the slots the kernel wrote.
+pub(super) fn check_on_device(
+    stream: &Arc<CudaStream>,
+    check_fn: &CudaFunction,
+    table: PageTableView<'_, '_>,
+    batch: u32,
+    kv: &PagedKvCacheDescriptor,
+    append: bool,
+) -> Result<()> {
+    guard::refuse_capture(stream)?;
+    let mut status = stream.clone_htod(&[u64::MAX])?;
+    let mut slots = stream.alloc_zeros::<u64>(if append { batch as usize } else { 1 })?;
+    {
+        let (indices, _i) = table.indices.data.device_ptr(stream);
+        let (indptr, _p) = table.indptr.data.device_ptr(stream);
+        let (last, _l) = table.last_page_len.data.device_ptr(stream);
+        let (status_ptr, _s) = status.device_ptr_mut(stream);
+        let (slots_ptr, _o) = slots.device_ptr_mut(stream);
+        let p = PageTableCheckParams {
+            indices,
+            indptr,
+            last_page_len: last,
+            status: status_ptr,
+            slots: if append { slots_ptr } else { 0 },
+            batch,
+            page_size: kv.page_size as u32,
+            num_total_pages: kv.num_total_pages as u32,
+            num_indices: table.indices.shape[0] as u32,
+            append: append as u32,
+        };
+        let warps = params::DECODE_THREADS / 32;
+        let cfg = LaunchConfig {
+            grid_dim: (batch.div_ceil(warps), 1, 1),
+            block_dim: (params::DECODE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel reads `batch + 1` indptr, `batch` last_page_len and only the
+        // indices inside `[0, num_indices)` (shapes checked by the caller, all in the stream's
+        // context), and writes `status` and, in append mode, `slots[..batch]`.
+        unsafe { stream.launch_builder(check_fn).arg(&p).launch(cfg)? };
+    }
+    let found = stream.clone_dtoh(&status)?[0];
+    if found == u64::MAX {
+        return if append {
+            shared_append_slot(&stream.clone_dtoh(&slots)?, kv.page_size as u64)
+        } else {
+            Ok(())
+        };
+    }
+    let (request, code) = (found >> 8, (found & 0xff) as u32);
+    let what = match code {
+        params::check_code::INDPTR_OUT_OF_RANGE => format!(
+            "indptr[{request}] or indptr[{}] lies outside [0, {}] (the length of indices)",
+            request + 1,
+            table.indices.shape[0]
+        ),
+        params::check_code::INDPTR_DECREASING => {
+            format!("indptr[{}] < indptr[{request}]: indptr must be non-decreasing", request + 1)
+        }
+        params::check_code::LAST_PAGE_LEN_OUT_OF_RANGE => {
+            format!("last_page_len[{request}] lies outside [0, {}]", kv.page_size)
+        }
+        params::check_code::PAGE_OUT_OF_RANGE => {
+            format!("a page id of request {request} lies outside [0, {})", kv.num_total_pages)
+        }
+        params::check_code::NO_PAGE => crate::page_table::no_page_message(request),
+        params::check_code::LAST_PAGE_EMPTY => crate::page_table::last_page_empty_message(request),
+        _ => format!("unknown violation code {code} at request {request}"),
+    };
+    Err(Error::InvalidPageTable(what))
+}
+
+/// [`Error::InvalidPageTable`] naming the first request whose append slot (a store row,
+/// `page × page_size + slot`) an earlier request already takes.
+fn shared_append_slot(slots: &[u64], page_size: u64) -> Result<()> {
+    let mut first_writer = std::collections::HashMap::with_capacity(slots.len());
+    for (b, &row) in slots.iter().enumerate() {
+        if let Some(a) = first_writer.insert(row, b) {
+            let (page, slot) = (row / page_size.max(1), row % page_size.max(1));
+            let message = crate::page_table::shared_slot_message(a as u64, b as u64, page, slot);
+            return Err(Error::InvalidPageTable(message));
+        }
+    }
+    Ok(())
+}

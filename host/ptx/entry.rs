@@ -1,0 +1,80 @@
+//! Names of the PTX entry points. The kernels define them (`kernels-gpu/src/lib.rs`); the host
+//! forms every name it loads here, and [`all`] lists them.
+
+use crate::plan::{DecodeKernel, SUPPORTED_HEAD_DIMS};
+use crate::types::ElementKind;
+
+/// The entry that computes a split partition once per launch ([`DecodePath::Scheduled`](crate::DecodePath::Scheduled)).
+pub const SCHEDULE_CHUNKS: &str = "schedule_chunks";
+/// The page-table check ([`PlanPreference::checked`](crate::PlanPreference::checked)).
+pub const CHECK_PAGE_TABLE: &str = "check_page_table";
+/// The read-bandwidth probe of the benchmark.
+pub const READ_BANDWIDTH: &str = "read_bandwidth";
+
+/// Head dimensions the lean kernel is built for (16-bit elements only).
+pub const LEAN_HEAD_DIMS: [u32; 2] = [64, 128];
+
+/// Which decode entry of a kernel, element type and head_dim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeVariant {
+    /// Whole requests: one chunk per request.
+    Whole,
+    /// Requests split into chunks by the length-aware partition, then merged.
+    Split,
+    /// The lean tensor-core kernel for short requests ([`DecodeKernel::Mma`] only).
+    Lean,
+}
+
+/// `decode_{mma|simt}[_split|_lean]_{element}_d{head_dim}`.
+pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind, head_dim: u32) -> String {
+    let kernel = match kernel {
+        DecodeKernel::Mma => "mma",
+        DecodeKernel::Simt => "simt",
+    };
+    let variant = match variant {
+        DecodeVariant::Whole => "",
+        DecodeVariant::Split => "_split",
+        DecodeVariant::Lean => "_lean",
+    };
+    format!("decode_{kernel}{variant}_{}_d{head_dim}", element_name(element))
+}
+
+/// `append_{element}`.
+pub fn append(element: ElementKind) -> String {
+    format!("append_{}", element_name(element))
+}
+
+fn element_name(element: ElementKind) -> &'static str {
+    match element {
+        ElementKind::F16 => "f16",
+        ElementKind::BF16 => "bf16",
+        ElementKind::F32 => "f32",
+        ElementKind::I32 => "i32",
+        ElementKind::U8 => "u8",
+    }
+}
+
+/// Every entry point the kernels provide for the host, in their order of definition: the
+/// tensor-core decode entries for 16-bit elements, whole and split, at each supported head_dim;
+/// the lean ones at [`LEAN_HEAD_DIMS`]; the CUDA-core decode entries for f32; the append entries;
+/// then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and [`READ_BANDWIDTH`].
+pub fn all() -> Vec<String> {
+    use DecodeVariant::{Lean, Split, Whole};
+    let head_dims = SUPPORTED_HEAD_DIMS.map(|d| d as u32);
+    let sixteen_bit = [ElementKind::F16, ElementKind::BF16];
+    let mut names = Vec::new();
+    for element in sixteen_bit {
+        for d in head_dims {
+            names.extend([Whole, Split].map(|v| decode(DecodeKernel::Mma, v, element, d)));
+        }
+    }
+    for element in sixteen_bit {
+        names.extend(LEAN_HEAD_DIMS.map(|d| decode(DecodeKernel::Mma, Lean, element, d)));
+    }
+    for d in head_dims {
+        names.extend([Whole, Split].map(|v| decode(DecodeKernel::Simt, v, ElementKind::F32, d)));
+    }
+    names.extend([ElementKind::F16, ElementKind::BF16, ElementKind::F32].map(append));
+    names.extend([SCHEDULE_CHUNKS, CHECK_PAGE_TABLE, READ_BANDWIDTH].map(String::from));
+    names
+}
