@@ -13,8 +13,11 @@
 use std::f64::consts::LN_2;
 
 use crate::error::{Error, Result};
+use crate::fp8::{Fp8Layout, f32_to_fp8, fp8_to_f32};
 use crate::page_table::{PageTableRules, append_slots, validate_page_table};
-use crate::types::{BatchPagedDecodeDescriptor, Element, PagedKvAppendDescriptor, PagedKvCacheDescriptor};
+use crate::types::{
+    BatchPagedDecodeDescriptor, Element, ElementKind, PagedKvAppendDescriptor, PagedKvCacheDescriptor,
+};
 
 /// The page table both functions read (defined with its rules in [`crate::page_table`]).
 pub use crate::page_table::PageTable;
@@ -69,10 +72,20 @@ fn check_len(name: &str, got: usize, expected: usize, shape: &str) -> Result<()>
     Ok(())
 }
 
-/// Checks the K/V store descriptor against the element type and the store slices.
+/// Checks the K/V store descriptor against the store's element type and the store slices.
 fn check_kv<T: Element>(kv: &PagedKvCacheDescriptor, k_len: usize, v_len: usize) -> Result<KvGeometry> {
-    if kv.element != T::KIND {
-        return Err(invalid(format!("paged_kv.element is {:?} but the data is {:?}", kv.element, T::KIND)));
+    check_store(kv, T::KIND, k_len, v_len)
+}
+
+/// [`check_kv`] for a store of element kind `element`.
+fn check_store(
+    kv: &PagedKvCacheDescriptor,
+    element: ElementKind,
+    k_len: usize,
+    v_len: usize,
+) -> Result<KvGeometry> {
+    if kv.element != element {
+        return Err(invalid(format!("paged_kv.element is {:?} but the data is {:?}", kv.element, element)));
     }
     let page_size = extent("paged_kv.page_size", kv.page_size, 1)?;
     let pages = extent("paged_kv.num_total_pages", kv.num_total_pages, 0)?;
@@ -110,9 +123,90 @@ pub fn decode<T: Element>(
     v_data: &[T],
     table: PageTable<'_>,
 ) -> Result<DecodeOutput> {
+    let g = check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
+    let widen = |data: &[T], r: usize, row: &mut [f64]| {
+        let n = row.len();
+        for (dst, src) in row.iter_mut().zip(&data[r..r + n]) {
+            *dst = src.to_f64();
+        }
+    };
+    decode_store(desc, q, g, |r, row| widen(k_data, r, row), |r, row| widen(v_data, r, row), table)
+}
+
+/// Dequantization scales of an FP8 K/V cache: a stored key code `c` stands for
+/// `k_scale · fp8(c)`, a value code for `v_scale · fp8(c)` (per tensor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvScales {
+    /// Scale of the keys.
+    pub k_scale: f32,
+    /// Scale of the values.
+    pub v_scale: f32,
+}
+
+impl KvScales {
+    /// Scales of 1: the codes are the values.
+    pub const ONE: Self = Self { k_scale: 1.0, v_scale: 1.0 };
+
+    fn check(self) -> Result<Self> {
+        for (name, s) in [("k_scale", self.k_scale), ("v_scale", self.v_scale)] {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(invalid(format!("{name} = {s} must be finite and positive")));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// The 8-bit layout of the store's element kind, or an error naming it.
+fn fp8_store(kv: &PagedKvCacheDescriptor) -> Result<Fp8Layout> {
+    kv.element.fp8_layout().ok_or_else(|| {
+        invalid(format!("paged_kv.element is {:?}, not an 8-bit float (E4M3 or E5M2)", kv.element))
+    })
+}
+
+/// [`decode`] over an FP8 K/V cache (`paged_kv.element` E4M3 or E5M2, the stores as raw codes):
+/// attention in f64 over the dequantized cache, `k = k_scale · fp8(code)` and likewise `v`. `q`
+/// and the outputs keep `T`. The scales must be finite and positive; the other requirements are
+/// those of [`decode`].
+pub fn decode_fp8<T: Element>(
+    desc: &BatchPagedDecodeDescriptor,
+    q: &[T],
+    k_data: &[u8],
+    v_data: &[u8],
+    scales: KvScales,
+    table: PageTable<'_>,
+) -> Result<DecodeOutput> {
+    let format = fp8_store(&desc.paged_kv)?;
+    let g = check_store(&desc.paged_kv, desc.paged_kv.element, k_data.len(), v_data.len())?;
+    let scales = scales.check()?;
+    let dequantize = |data: &[u8], scale: f32, r: usize, row: &mut [f64]| {
+        let n = row.len();
+        for (dst, &code) in row.iter_mut().zip(&data[r..r + n]) {
+            *dst = f64::from(scale) * f64::from(fp8_to_f32(format, code));
+        }
+    };
+    decode_store(
+        desc,
+        q,
+        g,
+        |r, row| dequantize(k_data, scales.k_scale, r, row),
+        |r, row| dequantize(v_data, scales.v_scale, r, row),
+        table,
+    )
+}
+
+/// The decode of [`decode`] and [`decode_fp8`] over a checked store, whose K and V rows (at an
+/// element offset, `head_dim` long) `k_row` / `v_row` write into an f64 row.
+fn decode_store<T: Element>(
+    desc: &BatchPagedDecodeDescriptor,
+    q: &[T],
+    g: KvGeometry,
+    k_row: impl Fn(usize, &mut [f64]),
+    v_row: impl Fn(usize, &mut [f64]),
+    table: PageTable<'_>,
+) -> Result<DecodeOutput> {
     let batch = extent("batch_size", desc.batch_size, 0)?;
     let qo_heads = extent("num_qo_heads", desc.num_qo_heads, 1)?;
-    let g = check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
     if qo_heads % g.kv_heads != 0 {
         return Err(invalid(format!(
             "num_qo_heads = {qo_heads} is not a multiple of num_kv_heads = {}",
@@ -160,10 +254,7 @@ pub fn decode<T: Element>(
             p.clear();
             p.resize(p_len, 0.0);
             for t in 0..len {
-                let r = token_row(h, t);
-                for (dst, src) in row.iter_mut().zip(&k_data[r..r + d]) {
-                    *dst = src.to_f64();
-                }
+                k_row(token_row(h, t), &mut row);
                 for (j, qrow) in qs.chunks_exact(d).enumerate() {
                     p[j * len + t] = scale * dot(qrow, &row);
                 }
@@ -180,10 +271,7 @@ pub fn decode<T: Element>(
             }
             let out = &mut o[heads * d..(heads + group) * d];
             for t in 0..len {
-                let r = token_row(h, t);
-                for (dst, src) in row.iter_mut().zip(&v_data[r..r + d]) {
-                    *dst = src.to_f64();
-                }
+                v_row(token_row(h, t), &mut row);
                 for (j, orow) in out.chunks_exact_mut(d).enumerate() {
                     let pt = p[j * len + t];
                     for (oi, vi) in orow.iter_mut().zip(&row) {
@@ -228,25 +316,67 @@ pub fn append<T: Element>(
     v_data: &mut [T],
     table: PageTable<'_>,
 ) -> Result<()> {
-    let batch = extent("batch_size", desc.batch_size, 0)?;
     let g = check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
+    for (dst, src) in append_rows(desc, g, key.len(), value.len(), table)? {
+        k_data[dst.clone()].copy_from_slice(&key[src.clone()]);
+        v_data[dst].copy_from_slice(&value[src]);
+    }
+    Ok(())
+}
+
+/// [`append`] into an FP8 K/V cache (`paged_kv.element` E4M3 or E5M2, the stores as raw codes):
+/// each element `x` of `key` is stored as `f32_to_fp8(x / k_scale)`, the quotient rounded to
+/// f32 and then to the nearest code, ties to even, saturating to the largest finite code (an
+/// infinity too); NaN stays NaN ([`crate::fp8`]). `value` likewise with `v_scale`. This is the
+/// quantization an FP8 append must reproduce bit for bit. Requirements and page-table rules are
+/// those of [`append`], plus finite, positive scales; on error nothing is written.
+pub fn append_fp8<T: Element>(
+    desc: &PagedKvAppendDescriptor,
+    key: &[T],
+    value: &[T],
+    k_data: &mut [u8],
+    v_data: &mut [u8],
+    scales: KvScales,
+    table: PageTable<'_>,
+) -> Result<()> {
+    let format = fp8_store(&desc.paged_kv)?;
+    let g = check_store(&desc.paged_kv, desc.paged_kv.element, k_data.len(), v_data.len())?;
+    let scales = scales.check()?;
+    let quantize = |dst: &mut [u8], src: &[T], scale: f32| {
+        for (code, x) in dst.iter_mut().zip(src) {
+            *code = f32_to_fp8(format, x.to_f64() as f32 / scale);
+        }
+    };
+    for (dst, src) in append_rows(desc, g, key.len(), value.len(), table)? {
+        quantize(&mut k_data[dst.clone()], &key[src.clone()], scales.k_scale);
+        quantize(&mut v_data[dst], &value[src], scales.v_scale);
+    }
+    Ok(())
+}
+
+/// The (store range, token range) of every row an append writes, after checking the token
+/// lengths and the page table ([`append`]'s rules).
+fn append_rows(
+    desc: &PagedKvAppendDescriptor,
+    g: KvGeometry,
+    key_len: usize,
+    value_len: usize,
+    table: PageTable<'_>,
+) -> Result<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+    let batch = extent("batch_size", desc.batch_size, 0)?;
     let d = g.head_dim;
     let token_len = product("key", &[batch, g.kv_heads, d])?;
     let shape = "[batch_size, num_kv_heads, head_dim]";
-    check_len("key", key.len(), token_len, shape)?;
-    check_len("value", value.len(), token_len, shape)?;
-    let targets: Vec<usize> = append_slots(&desc.paged_kv, batch, table)?
-        .into_iter()
-        .map(|(page, slot)| g.row(page, 0, slot))
-        .collect();
+    check_len("key", key_len, token_len, shape)?;
+    check_len("value", value_len, token_len, shape)?;
     let head_stride = g.page_size * d;
-    for (b, &base) in targets.iter().enumerate() {
+    let mut rows = Vec::with_capacity(batch * g.kv_heads);
+    for (b, (page, slot)) in append_slots(&desc.paged_kv, batch, table)?.into_iter().enumerate() {
+        let base = g.row(page, 0, slot);
         for h in 0..g.kv_heads {
-            let src = (b * g.kv_heads + h) * d;
-            let dst = base + h * head_stride;
-            k_data[dst..dst + d].copy_from_slice(&key[src..src + d]);
-            v_data[dst..dst + d].copy_from_slice(&value[src..src + d]);
+            let (src, dst) = ((b * g.kv_heads + h) * d, base + h * head_stride);
+            rows.push((dst..dst + d, src..src + d));
         }
     }
-    Ok(())
+    Ok(rows)
 }

@@ -15,6 +15,10 @@ pub enum ElementKind {
     I32,
     /// 8-bit unsigned integer.
     U8,
+    /// 8-bit float E4M3 (`e4m3fn`, [`crate::fp8::E4M3`]): K/V caches, with a dequantization scale.
+    E4M3,
+    /// 8-bit float E5M2 ([`crate::fp8::E5M2`]): K/V caches, with a dequantization scale.
+    E5M2,
 }
 
 impl ElementKind {
@@ -23,7 +27,16 @@ impl ElementKind {
         match self {
             ElementKind::F16 | ElementKind::BF16 => 2,
             ElementKind::F32 | ElementKind::I32 => 4,
-            ElementKind::U8 => 1,
+            ElementKind::U8 | ElementKind::E4M3 | ElementKind::E5M2 => 1,
+        }
+    }
+
+    /// The bit layout of an 8-bit float kind, `None` for the others.
+    pub const fn fp8_layout(self) -> Option<crate::fp8::Fp8Layout> {
+        match self {
+            ElementKind::E4M3 => Some(crate::fp8::E4M3),
+            ElementKind::E5M2 => Some(crate::fp8::E5M2),
+            _ => None,
         }
     }
 }

@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
 use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
-use paged_decode::reference::{self, PageTable};
+use paged_decode::reference::{self, KvScales, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
     BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Element, ElementKind,
@@ -500,6 +500,37 @@ fn reference_append<T: Element>(c: &RefCase) -> std::result::Result<(), TestCase
     Ok(())
 }
 
+/// The FP8 reference entry points on the same cases: the store as raw codes (the f32 values'
+/// low bytes), the descriptor's element made E4M3 / E5M2 where the case has f32, any scales.
+fn reference_fp8(
+    c: &RefCase,
+    element: ElementKind,
+    scales: KvScales,
+) -> std::result::Result<(), TestCaseError> {
+    let mut desc = c.desc;
+    if desc.paged_kv.element == ElementKind::F32 {
+        desc.paged_kv.element = element;
+    }
+    let (indptr, indices, last_page_len) = &c.table;
+    let table = PageTable { indptr, indices, last_page_len };
+    let codes = |x: &[f32]| -> Vec<u8> { x.iter().map(|v| v.to_bits() as u8).collect() };
+    let q: Vec<f16> = convert(&c.q);
+    let (mut k, mut v) = (codes(&c.k), codes(&c.v));
+    let typed = |r: &paged_decode::Result<()>| {
+        matches!(r, Ok(()) | Err(Error::InvalidProblem(_) | Error::InvalidPageTable(_)))
+    };
+    let r = reference::decode_fp8(&desc, &q, &k, &v, scales, table).map(|_| ());
+    prop_assert!(typed(&r), "{r:?}");
+    let append_desc = PagedKvAppendDescriptor { batch_size: desc.batch_size, paged_kv: desc.paged_kv };
+    let rows = len_for(&[desc.batch_size, desc.paged_kv.num_kv_heads, desc.paged_kv.head_dim], true, 0);
+    let key = &q[..rows.min(q.len())];
+    let (k0, v0) = (k.clone(), v.clone());
+    let r = reference::append_fp8(&append_desc, key, key, &mut k, &mut v, scales, table);
+    prop_assert!(typed(&r), "{r:?}");
+    prop_assert!(r.is_ok() || (k == k0 && v == v0), "store modified on error");
+    Ok(())
+}
+
 /// Any launch configuration, including ones no rule produces (the fields are public).
 fn decode_config() -> BoxedStrategy<DecodeConfig> {
     let n = || prop_oneof![0..=70u32, any::<u32>(), Just(u32::MAX)];
@@ -765,6 +796,27 @@ proptest! {
     fn reference_append_never_panics(c in ref_case()) {
         reference_append::<f32>(&c)?;
         reference_append::<bf16>(&c)?;
+    }
+
+    #[test]
+    fn reference_fp8_never_panics(
+        c in ref_case(),
+        e4m3 in any::<bool>(),
+        k_scale in prop_oneof![Just(1.0f32), any::<f32>()],
+        v_scale in prop_oneof![Just(0.5f32), any::<f32>()],
+    ) {
+        let element = if e4m3 { ElementKind::E4M3 } else { ElementKind::E5M2 };
+        reference_fp8(&c, element, KvScales { k_scale, v_scale })?;
+    }
+
+    #[test]
+    fn fp8_conversions_take_any_input(bits in any::<u32>(), code in any::<u8>()) {
+        for format in [paged_decode::fp8::E4M3, paged_decode::fp8::E5M2] {
+            let q = paged_decode::fp8::f32_to_fp8(format, f32::from_bits(bits));
+            let back = paged_decode::fp8::fp8_to_f32(format, q);
+            prop_assert!(back.is_nan() == f32::from_bits(bits).is_nan());
+            let _ = paged_decode::fp8::fp8_to_f32(format, code);
+        }
     }
 }
 

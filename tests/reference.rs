@@ -5,8 +5,9 @@
 use std::f64::consts::LN_2;
 
 use half::{bf16, f16};
+use paged_decode::fp8::{f32_to_fp8, fp8_to_f32};
 use paged_decode::page_table::{PageTableRules, validate_page_table};
-use paged_decode::reference::{DecodeOutput, PageTable, append, decode};
+use paged_decode::reference::{DecodeOutput, KvScales, PageTable, append, append_fp8, decode, decode_fp8};
 use paged_decode::{
     BatchPagedDecodeDescriptor, Element, ElementKind, Error, PagedKvAppendDescriptor, PagedKvCacheDescriptor,
     Result,
@@ -757,4 +758,135 @@ fn invalid_tables_are_typed_errors() {
     let err = append(&append_desc, &tok, &tok, &mut k, &mut v, cache.table()).unwrap_err();
     assert!(matches!(err, Error::InvalidPageTable(ref m) if m.contains("request 1")), "{err}");
     assert!(k == cache.k && v == cache.v);
+}
+
+// FP8 K/V caches: decode over the dequantized cache, append's quantization.
+
+/// A random case whose K/V stores are FP8 codes of `element` (no NaN, no infinity) and,
+/// beside them, the same stores dequantized with `scales` into f32.
+fn fp8_case(seed: u64, element: ElementKind, scales: KvScales) -> (Case<f16>, Vec<u8>, Vec<u8>, Case<f32>) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let base = random_case::<f16>(&mut rng, &[0, 1, 17, 40, 100], 8, 2, 64, 16, 3);
+    let format = element.fp8_layout().unwrap();
+    let finite_codes: Vec<u8> = (0..=255u8).filter(|&c| fp8_to_f32(format, c).is_finite()).collect();
+    // Codes of moderate magnitude (|x| ≤ 4), so that the softmax is not one-hot.
+    let moderate: Vec<u8> =
+        finite_codes.into_iter().filter(|&c| fp8_to_f32(format, c).abs() <= 4.0).collect();
+    let codes = |rng: &mut SmallRng| -> Vec<u8> {
+        (0..base.k.len()).map(|_| moderate[rng.random_range(0..moderate.len())]).collect()
+    };
+    let (k, v) = (codes(&mut rng), codes(&mut rng));
+    let dequantized = |codes: &[u8], scale: f32| -> Vec<f32> {
+        codes.iter().map(|&c| (f64::from(scale) * f64::from(fp8_to_f32(format, c))) as f32).collect()
+    };
+    let wide = Case {
+        desc: BatchPagedDecodeDescriptor {
+            paged_kv: PagedKvCacheDescriptor { element: ElementKind::F32, ..base.kv() },
+            ..base.desc
+        },
+        q: base.q.iter().map(|x| x.to_f32()).collect(),
+        k: dequantized(&k, scales.k_scale),
+        v: dequantized(&v, scales.v_scale),
+        indptr: base.indptr.clone(),
+        indices: base.indices.clone(),
+        last: base.last.clone(),
+    };
+    let fp8 = Case {
+        desc: BatchPagedDecodeDescriptor {
+            paged_kv: PagedKvCacheDescriptor { element, ..base.kv() },
+            ..base.desc
+        },
+        ..base
+    };
+    (fp8, k, v, wide)
+}
+
+#[test]
+fn fp8_decode_is_decode_over_the_dequantized_cache() {
+    for (i, element) in [ElementKind::E4M3, ElementKind::E5M2].into_iter().enumerate() {
+        // Power-of-two scales dequantize exactly in f32; 0.37 rounds there.
+        for (scales, tol) in [
+            (KvScales::ONE, 1e-12),
+            (KvScales { k_scale: 0.25, v_scale: 2.0 }, 1e-12),
+            (KvScales { k_scale: 0.37, v_scale: 1.3 }, 1e-6),
+        ] {
+            let (fp8, k, v, wide) = fp8_case(40 + i as u64, element, scales);
+            let got = decode_fp8(&fp8.desc, &fp8.q, &k, &v, scales, fp8.table()).unwrap();
+            assert_same(&got, &wide.decode(), tol);
+            assert!(got.lse[0] == f64::NEG_INFINITY && got.lse.iter().skip(8).all(|x| x.is_finite()));
+        }
+    }
+}
+
+#[test]
+fn fp8_append_quantizes_each_element_as_documented() {
+    let specials = [1e6, -1e9, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, 1e-12];
+    for element in [ElementKind::E4M3, ElementKind::E5M2] {
+        let format = element.fp8_layout().unwrap();
+        let (hkv, d, ps, pages) = (2, 64, 4, 6);
+        let kv = kv_desc(element, ps, pages, hkv, d);
+        let desc = PagedKvAppendDescriptor { batch_size: 2, paged_kv: kv };
+        // Request 0 appends into slot 2 of page 5, request 1 into slot 0 of page 1.
+        let (indptr, indices, last) = (vec![0, 2, 3], vec![3, 5, 1], vec![3, 1]);
+        let table = PageTable { indptr: &indptr, indices: &indices, last_page_len: &last };
+        let mut rng = SmallRng::seed_from_u64(9);
+        let mut key: Vec<f32> = random_values(&mut rng, 2 * hkv * d, 600.0);
+        key[..specials.len()].copy_from_slice(&specials);
+        let value: Vec<f32> = random_values(&mut rng, 2 * hkv * d, 3.0);
+        let store = pages * hkv * ps * d;
+        let (mut k, mut v) = (vec![0xAAu8; store], vec![0xAAu8; store]);
+        let scales = KvScales { k_scale: 0.75, v_scale: 0.01 };
+        append_fp8(&desc, &key, &value, &mut k, &mut v, scales, table).unwrap();
+        let mut written = vec![false; store];
+        for (b, (page, slot)) in [(5usize, 2usize), (1, 0)].into_iter().enumerate() {
+            for h in 0..hkv {
+                let (dst, src) = (store_row(&kv, page, h, slot), (b * hkv + h) * d);
+                for i in 0..d {
+                    assert_eq!(
+                        k[dst + i],
+                        f32_to_fp8(format, key[src + i] / 0.75),
+                        "{element:?} key {}",
+                        src + i
+                    );
+                    assert_eq!(v[dst + i], f32_to_fp8(format, value[src + i] / 0.01), "{element:?} value");
+                    written[dst + i] = true;
+                }
+            }
+        }
+        assert!(
+            written.iter().zip(&k).all(|(&w, &c)| w || c == 0xAA),
+            "{element:?}: a byte outside the slots changed"
+        );
+        // Out of range saturates to the largest finite code of its sign, NaN stays NaN.
+        let dst = store_row(&kv, 5, 0, 2);
+        let max = format.max_finite;
+        assert_eq!(&k[dst..dst + 4], &[max, 0x80 | max, max, 0x80 | max]);
+        assert!(fp8_to_f32(format, k[dst + 4]).is_nan());
+        assert_eq!(&k[dst + 5..dst + 8], &[0, 0x80, 0]);
+    }
+}
+
+#[test]
+fn fp8_entry_points_reject_other_stores_and_bad_scales() {
+    let (fp8, k, v, _) = fp8_case(7, ElementKind::E4M3, KvScales::ONE);
+    for scales in [
+        KvScales { k_scale: 0.0, v_scale: 1.0 },
+        KvScales { k_scale: 1.0, v_scale: -2.0 },
+        KvScales { k_scale: f32::NAN, v_scale: 1.0 },
+        KvScales { k_scale: 1.0, v_scale: f32::INFINITY },
+    ] {
+        let r = decode_fp8(&fp8.desc, &fp8.q, &k, &v, scales, fp8.table());
+        assert!(matches!(r, Err(Error::InvalidProblem(_))), "{scales:?}: {r:?}");
+    }
+    let f16_store = BatchPagedDecodeDescriptor {
+        paged_kv: PagedKvCacheDescriptor { element: ElementKind::F16, ..fp8.kv() },
+        ..fp8.desc
+    };
+    let r = decode_fp8(&f16_store, &fp8.q, &k, &v, KvScales::ONE, fp8.table());
+    assert!(matches!(r, Err(Error::InvalidProblem(_))), "{r:?}");
+    let r = decode_fp8(&fp8.desc, &fp8.q, &k[1..], &v, KvScales::ONE, fp8.table());
+    assert!(matches!(r, Err(Error::InvalidProblem(_))), "{r:?}");
+    // The 16-bit reference refuses an FP8 descriptor.
+    let r = decode(&fp8.desc, &fp8.q, &fp8.k, &fp8.v, fp8.table());
+    assert!(matches!(r, Err(Error::InvalidProblem(_))), "{r:?}");
 }

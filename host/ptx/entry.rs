@@ -51,6 +51,8 @@ fn element_name(element: ElementKind) -> &'static str {
         ElementKind::F32 => "f32",
         ElementKind::I32 => "i32",
         ElementKind::U8 => "u8",
+        ElementKind::E4M3 => "e4m3",
+        ElementKind::E5M2 => "e5m2",
     }
 }
 
