@@ -49,6 +49,7 @@ pub mod decode;
 pub mod element;
 pub mod fp8;
 pub mod intrinsics;
+pub mod merge;
 pub mod params;
 pub mod partition;
 pub mod schedule;
