@@ -35,6 +35,8 @@
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
+use core::marker::PhantomData;
+
 use crate::element::{Elem, MmaElem};
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
@@ -46,6 +48,14 @@ pub(crate) const WARPS: u32 = DECODE_THREADS / 32;
 /// A tiling of [`decode_mma`] as a type, so that its numbers are constants of each entry.
 pub trait Tiling {
     const T: MmaTiling;
+
+    /// Rows of K/V tile `tile` (of [`MmaTiling::tile_tokens`] rows) inside the tokens
+    /// `[begin, end)`. Left to LLVM's inliner (it is not `#[inline(always)]` and is called through
+    /// the type), which the shipped PTX depends on.
+    fn tile_rows(begin: u32, end: u32, tile: u32) -> u32 {
+        let tile_tokens = Self::T.tile_tokens;
+        (end - begin).saturating_sub(tile * tile_tokens).min(tile_tokens)
+    }
 }
 /// [`standard_tiling`] for head_dim `D`.
 pub struct Standard<const D: u32>;
@@ -88,6 +98,155 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
     r * D * 2 + ((c ^ (r & 7)) << 4)
 }
 
+/// The K/V copy pipeline of one chunk, as seen by one thread.
+///
+/// The chunk's tokens stream global → shared in tiles of `tile_tokens` rows through a ring of
+/// `stages` stages, each holding the tile's K then its V (`[tile_tokens][D]` 16-bit, swizzled).
+/// Copies are 16-byte `cp.async` under an L2 evict-first policy (each K/V byte is read once per
+/// launch); thread `t` copies 16-byte column `t % (D / 8)` of every `128 / (D / 8)`-th row from
+/// row `t / (D / 8)`.
+///
+/// Page lookups run one tile ahead: thread `r < tile_tokens` loads the page id of row `r` of a
+/// tile one iteration before the tile's copies are issued (the load's latency hides behind a tile
+/// of compute), then resolves it into a row of the K/V store, which it parks in a shared ring of
+/// `stages` tiles (row 0 past the chunk, never copied) for the threads that copy the row.
+///
+/// The numbers of the tiling are read where they are used, as in the code this replaced: the
+/// shipped PTX is sensitive to the form of these expressions.
+struct KvPipeline<const D: u32, V: Tiling> {
+    tile_tokens: u32,
+    tid: u32,
+    /// The chunk's tokens `[begin, end)` and its tiles.
+    begin: u32,
+    end: u32,
+    tiles: u32,
+    /// This thread's 16-byte column of the rows it copies, and the first of those rows.
+    column: u32,
+    first_row: u32,
+    /// Shared addresses of the first stage (the others follow it) and of the page-row ring.
+    stages_smem: u32,
+    ring: u32,
+    /// Global addresses of this thread's column of K and V row 0 of the store.
+    k_column: u64,
+    v_column: u64,
+    /// L2 policy of the copies.
+    policy: u64,
+    tiling: PhantomData<V>,
+}
+
+impl<const D: u32, V: Tiling> KvPipeline<D, V> {
+    /// The pipeline of `chunk` for thread `tid`, its stages from shared address `stages_smem`.
+    #[inline(always)]
+    fn new(p: &DecodeParams, chunk: &Chunk, stages_smem: u32, tid: u32) -> Self {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let columns = D / 8;
+        let tile_bytes = tile_tokens * D * 2;
+        let tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
+        let column = tid % columns;
+        let first_row = tid / columns;
+        let ring = stages_smem + stages * 2 * tile_bytes;
+        let (k_column, v_column) = (p.k_data + (column * 16) as u64, p.v_data + (column * 16) as u64);
+        // K/V are read once per launch: their lines go first when L2 needs room.
+        let policy = l2_evict_first_policy();
+        let (begin, end) = (chunk.begin, chunk.end);
+        let tiling = PhantomData;
+        KvPipeline {
+            tile_tokens,
+            tid,
+            begin,
+            end,
+            tiles,
+            column,
+            first_row,
+            stages_smem,
+            ring,
+            k_column,
+            v_column,
+            policy,
+            tiling,
+        }
+    }
+
+    /// Token of the chunk's request in this thread's row of tile `tile`.
+    #[inline(always)]
+    fn row_token(&self, tile: u32) -> u32 {
+        self.begin + tile * self.tile_tokens + self.tid
+    }
+
+    /// Whether this thread's row of tile `tile` lies inside the chunk.
+    #[inline(always)]
+    fn row_valid(&self, tile: u32) -> bool {
+        self.tid < V::tile_rows(self.begin, self.end, tile)
+    }
+
+    /// Shared addresses of the K and V tiles of tile `tile`'s stage.
+    #[inline(always)]
+    fn stage(&self, tile: u32) -> (u32, u32) {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let tile_bytes = tile_tokens * D * 2;
+        let k_tile = self.stages_smem + (tile % stages) * 2 * tile_bytes;
+        (k_tile, k_tile + tile_bytes)
+    }
+
+    /// Global addresses of this thread's column of K and V row `row` of the store.
+    #[inline(always)]
+    fn kv_addr(&self, row: u32) -> (*const u8, *const u8) {
+        (
+            mad_wide_u32(row, D * 2, self.k_column) as *const u8,
+            mad_wide_u32(row, D * 2, self.v_column) as *const u8,
+        )
+    }
+
+    /// Issues the copies of this thread's rows of tile `tile` (rows past the chunk are
+    /// zero-filled), from the store rows parked in the ring.
+    #[inline(always)]
+    unsafe fn issue(&self, tile: u32) {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
+        let row_step = DECODE_THREADS / (D / 8);
+        let (k_dst, v_dst) = self.stage(tile);
+        let valid_rows = V::tile_rows(self.begin, self.end, tile);
+        let parked = self.ring + (tile % stages) * tile_tokens * 4;
+        for i in 0..rows_per_thread {
+            let r = self.first_row + i * row_step;
+            let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
+            let dst = swizzle::<D>(r, self.column);
+            let n = if r < valid_rows { 16 } else { 0 };
+            unsafe {
+                cp_async_16(k_dst + dst, k, n, self.policy);
+                cp_async_16(v_dst + dst, v, n, self.policy);
+            }
+        }
+    }
+
+    /// In the first `p.prefetch_ctas` CTAs of the launch, prefetches the rows of the first
+    /// `stages - 1` tiles into L2 (one thread per 128 bytes of a row): a hint, which reads
+    /// nothing, so it may run while the previous kernel still writes K/V.
+    #[inline(always)]
+    unsafe fn prefetch_first_tiles(&self, p: &DecodeParams) {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
+        let row_step = DECODE_THREADS / (D / 8);
+        let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
+        if self.column % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
+            for s in 0..stages - 1 {
+                let parked = self.ring + (s % stages) * tile_tokens * 4;
+                let valid_rows = V::tile_rows(self.begin, self.end, s);
+                for i in 0..rows_per_thread {
+                    let r = self.first_row + i * row_step;
+                    if r < valid_rows {
+                        let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
+                        unsafe {
+                            prefetch_l2(k);
+                            prefetch_l2(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
 /// columns) per warp, `VPL` = D/32 (merge columns per lane), `V` the tiling ([`MmaTiling`]: tokens
 /// per pipeline stage, stages, warps per 16-token block, heads per CTA, query fragments in
@@ -112,7 +271,6 @@ pub unsafe fn decode_mma<
     // One thread per tile row resolves page lookups.
     const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
     let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
-    let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
     let heads_per_cta = V::T.heads_per_cta;
     let d_parts = V::T.d_parts;
     let tid = thread_idx();
@@ -136,25 +294,15 @@ pub unsafe fn decode_mma<
     let cpr = D / 8; // 16-byte chunks per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
-    let tile_bytes = tile_tokens * D * 2;
     let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
     let Some(chunk) = chunk else { return };
     let b = chunk.request;
 
-    let n_tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
-    let c = tid % cpr;
-    let first_row = tid / cpr;
-    let row_step = DECODE_THREADS / cpr;
-    // Page lookups: thread `r < tile_tokens` loads the page id of row `r` of a tile one iteration before
-    // its copies are issued (the load's latency hides behind a tile of compute), then resolves
-    // it into a row of a shared ring of `stages` tiles (row 0 past the chunk, never copied).
-    let ring = kv_smem + stages * 2 * tile_bytes;
-    let row_token = |tile: u32| chunk.begin + tile * tile_tokens + tid;
-    let rows_in = |tile: u32| (chunk.end - chunk.begin).saturating_sub(tile * tile_tokens).min(tile_tokens);
-    let row_valid = |tile: u32| tid < rows_in(tile);
+    let kv = KvPipeline::<D, V>::new(p, &chunk, kv_smem, tid);
+    let n_tiles = kv.tiles;
     let fetch_page = |tile: u32| -> i32 {
-        if row_valid(tile) {
-            let (idx, _) = page_slot(p, &chunk, row_token(tile));
+        if kv.row_valid(tile) {
+            let (idx, _) = page_slot(p, &chunk, kv.row_token(tile));
             unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
         } else {
             0
@@ -162,35 +310,12 @@ pub unsafe fn decode_mma<
     };
     let park = |tile: u32, page: i32| {
         if tid < tile_tokens {
-            let row = if row_valid(tile) {
-                page_row(p, page, kv_head, page_slot(p, &chunk, row_token(tile)).1)
+            let row = if kv.row_valid(tile) {
+                page_row(p, page, kv_head, page_slot(p, &chunk, kv.row_token(tile)).1)
             } else {
                 0
             };
-            unsafe { st_shared_u32(ring + ((tile % stages) * tile_tokens + tid) * 4, row) };
-        }
-    };
-    // Global addresses of this thread's 16-byte column `c` of K and V row `row`.
-    let (k_col, v_col) = (p.k_data + (c * 16) as u64, p.v_data + (c * 16) as u64);
-    // K/V are read once per launch: their lines go first when L2 needs room.
-    let stream_policy = l2_evict_first_policy();
-    let kv_addr = |row: u32| {
-        (mad_wide_u32(row, D * 2, k_col) as *const u8, mad_wide_u32(row, D * 2, v_col) as *const u8)
-    };
-    let issue = |tile: u32| {
-        let k_dst = kv_smem + (tile % stages) * 2 * tile_bytes;
-        let v_dst = k_dst + tile_bytes;
-        let slot = ring + (tile % stages) * tile_tokens * 4;
-        let valid_rows = rows_in(tile);
-        for i in 0..rows_per_thread {
-            let r = first_row + i * row_step;
-            let (k, v) = kv_addr(unsafe { ld_shared_u32(slot + r * 4) });
-            let dst = swizzle::<D>(r, c);
-            let n = if r < valid_rows { 16 } else { 0 };
-            unsafe {
-                cp_async_16(k_dst + dst, k, n, stream_policy);
-                cp_async_16(v_dst + dst, v, n, stream_policy);
-            }
+            unsafe { st_shared_u32(kv.ring + ((tile % stages) * tile_tokens + tid) * 4, row) };
         }
     };
     for s in 0..stages - 1 {
@@ -200,28 +325,12 @@ pub unsafe fn decode_mma<
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
-    let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
-    if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
-        for s in 0..stages - 1 {
-            let slot = ring + (s % stages) * tile_tokens * 4;
-            let valid_rows = rows_in(s);
-            for i in 0..rows_per_thread {
-                let r = first_row + i * row_step;
-                if r < valid_rows {
-                    let (k, v) = kv_addr(unsafe { ld_shared_u32(slot + r * 4) });
-                    unsafe {
-                        prefetch_l2(k);
-                        prefetch_l2(v);
-                    }
-                }
-            }
-        }
-    }
+    unsafe { kv.prefetch_first_tiles(p) };
     grid_dependency_wait();
     allow_dependent_launch();
     for s in 0..stages - 1 {
         if s < n_tiles {
-            issue(s);
+            unsafe { kv.issue(s) };
         }
         cp_async_commit();
     }
@@ -267,13 +376,12 @@ pub unsafe fn decode_mma<
         cp_async_wait_dyn(stages - 2);
         sync_threads();
         if next < n_tiles {
-            issue(next);
+            unsafe { kv.issue(next) };
         }
         cp_async_commit();
         pending_page = fetch_page(next + 1);
 
-        let k_tile = kv_smem + (tile % stages) * 2 * tile_bytes;
-        let v_tile = k_tile + tile_bytes;
+        let (k_tile, v_tile) = kv.stage(tile);
         let t0 = chunk.begin + tile * tile_tokens;
         let mut sb = phase;
         while active && sb < tile_tokens / 16 && t0 + sb * 16 < chunk.end {
