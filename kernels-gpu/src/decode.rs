@@ -6,18 +6,21 @@
 //!   in page `indices[indptr[b] + t / page_size]`, slot `t % page_size`.
 //! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
 //!
+//! Vocabulary: a *chunk* ([`Chunk`]) is a token range of one request that one CTA processes;
+//! its *item* is its index in the partition of the batch, `0..num_chunks`.
+//!
 //! Parallelisation
-//! - Grid `(chunks, num_kv_heads * head_blocks)` (split kernels may swap the two, see
-//!   [`cta_coords`]; `chunks` is `batch` unsplit, at most `num_chunks` split). One CTA of 4 warps
-//!   owns one
-//!   (token chunk of a request, KV head, block of ≤ 64 query heads of its GQA group (32 for
-//!   D = 256)). Unsplit, chunk `x` is request `x`; split, every CTA derives the same
-//!   length-aware partition of the requests into `num_chunks` chunks from the page table
+//! - Grid `(items, num_kv_heads * head_blocks)` (split kernels may swap the two, see
+//!   [`cta_coords`]; `batch` items unsplit, at most `num_chunks` split). One CTA of 4 warps owns
+//!   one (chunk, KV head, block of ≤ 64 query heads of its GQA group (32 for D = 256)). Unsplit,
+//!   item `x` is the whole request `x`; split, every CTA derives the same length-aware partition
+//!   of the requests into at most `num_chunks` chunks from the page table
 //!   ([`crate::partition`]). Every K/V byte of the chunk is read from HBM once and shared by all
 //!   query heads of the block.
 //! - K/V tiles of 16 KB each (8192 / D tokens) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
-//!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring.
+//!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
+//!   (`KvPipeline`).
 //!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
@@ -91,7 +94,7 @@ unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32) -> u32 {
     page_row(p, unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }, h, in_page)
 }
 
-/// Byte offset of 16-byte chunk `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
+/// Byte offset of 16-byte column `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
 /// that `ldmatrix` over 8 consecutive rows hits 8 distinct bank groups.
 #[inline(always)]
 fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
@@ -247,12 +250,31 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     }
 }
 
-/// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
-/// columns) per warp, `VPL` = D/32 (merge columns per lane), `V` the tiling ([`MmaTiling`]: tokens
-/// per pipeline stage, stages, warps per 16-token block, heads per CTA, query fragments in
-/// registers), `SPLIT` partitions the requests into
-/// chunks (partials + merge) instead of one CTA per request; `MERGE_BATCH` partial rows per lane
-/// are in flight in the merge.
+/// Tensor-core decode for 16-bit elements: one CTA per (chunk, KV head, head block), see the
+/// [module docs](self).
+///
+/// # Safety
+/// `p` satisfies the [safety model](crate#safety-model) of `decode_*`; launched with
+/// [`DECODE_THREADS`] threads and the dynamic shared memory of
+/// [`mma_smem_bytes`](crate::params::mma_smem_bytes) for `V`.
+///
+/// # Tiling
+/// - `V` ([`MmaTiling`]): tokens per K/V tile, pipeline stages, warps sharing a 16-token block
+///   (`d_parts`), query heads per CTA, query fragments kept in registers or not.
+/// - `QK` = D/16 k-steps of `S = Q·Kᵀ`; `DN` output n-tiles (of 8 columns) per warp.
+/// - `SPLIT`: the requests are partitioned into chunks (partials + merge) instead of one CTA per
+///   request; `VPL` = D/32 merge columns per lane and `MERGE_BATCH` partial rows per lane in
+///   flight in the merge ([`crate::merge`]).
+/// - Shared memory: Q tiles (`[q_tiles·16][D]`, swizzled), then the K/V stages and the page-row
+///   ring of `KvPipeline`; after the main loop the stages hold the warps' partials.
+///
+/// # Thread Mapping
+/// - Warp `w` owns query tile `w % q_tiles`, 16-token block phase `(w / q_tiles) % phases` (it
+///   takes blocks `phase, phase + phases, …` of each tile) and output columns `d_part` of
+///   `d_parts` (D = 256: halves). Its lanes hold `mma` fragments: rows `lane / 4` and
+///   `lane / 4 + 8`, column pair `lane % 4`.
+/// - K/V copies and page lookups: see `KvPipeline`. Q staging and the final combination of the
+///   phases: thread `t` takes elements `t, t + 128, …`.
 #[inline(always)]
 pub unsafe fn decode_mma<
     T: MmaElem,
@@ -276,31 +298,34 @@ pub unsafe fn decode_mma<
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
-    let (item, y, _) = cta_coords::<SPLIT>(p);
+    let (item, head_block, _) = cta_coords::<SPLIT>(p);
     let group = p.num_qo_heads / p.num_kv_heads;
     let head_blocks = group.div_ceil(heads_per_cta);
-    let kv_head = y / head_blocks;
-    let head0 = (y % head_blocks) * heads_per_cta;
-    let heads = (group - head0).min(heads_per_cta);
+    let kv_head = head_block / head_blocks;
+    let first_group_head = (head_block % head_blocks) * heads_per_cta;
+    let heads = (group - first_group_head).min(heads_per_cta);
     let q_tiles = heads.div_ceil(16);
-    // Warp roles: query tile `mt`, output columns `d_part` of `d_parts`, 16-token block phase
+    // Warp roles: query tile `q_tile`, output columns `d_part` of `d_parts`, 16-token block phase
     // `phase` of `phases`.
     let phases = WARPS / q_tiles / d_parts;
-    let mt = warp % q_tiles;
+    let q_tile = warp % q_tiles;
     let phase = (warp / q_tiles) % phases;
     let d_part = warp / q_tiles / phases;
-    let first_qo_head = kv_head * group + head0;
+    let first_qo_head = kv_head * group + first_group_head;
 
-    let cpr = D / 8; // 16-byte chunks per row
+    let columns = D / 8; // 16-byte columns per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
     let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
     let Some(chunk) = chunk else { return };
-    let b = chunk.request;
+    let request = chunk.request;
 
+    // The K/V pipeline. Its page-lookup steps stay closures here: the shipped PTX depends on
+    // LLVM inlining them late, as closures are.
     let kv = KvPipeline::<D, V>::new(p, &chunk, kv_smem, tid);
     let n_tiles = kv.tiles;
-    let fetch_page = |tile: u32| -> i32 {
+    // Page id of this thread's row of tile `tile`.
+    let load_page = |tile: u32| -> i32 {
         if kv.row_valid(tile) {
             let (idx, _) = page_slot(p, &chunk, kv.row_token(tile));
             unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
@@ -308,7 +333,8 @@ pub unsafe fn decode_mma<
             0
         }
     };
-    let park = |tile: u32, page: i32| {
+    // Resolves `page` into the store row of this thread's row of tile `tile`, parked in the ring.
+    let park_row = |tile: u32, page: i32| {
         if tid < tile_tokens {
             let row = if kv.row_valid(tile) {
                 page_row(p, page, kv_head, page_slot(p, &chunk, kv.row_token(tile)).1)
@@ -319,9 +345,9 @@ pub unsafe fn decode_mma<
         }
     };
     for s in 0..stages - 1 {
-        park(s, fetch_page(s));
+        park_row(s, load_page(s));
     }
-    let mut pending_page = fetch_page(stages - 1);
+    let mut pending_page = load_page(stages - 1);
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
@@ -335,30 +361,30 @@ pub unsafe fn decode_mma<
         cp_async_commit();
     }
     // Q → shared (rows past the group are zero), while the first tiles are in flight.
-    let mut e = tid;
-    while e < q_tiles * 16 * cpr {
-        let (r, c) = (e / cpr, e % cpr);
+    let mut idx = tid;
+    while idx < q_tiles * 16 * columns {
+        let (r, c) = (idx / columns, idx % columns);
         let v = if r < heads {
-            let off = (b * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
+            let off = (request * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
             unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
         } else {
             [0; 4]
         };
         unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
-        e += DECODE_THREADS;
+        idx += DECODE_THREADS;
     }
     sync_threads();
 
-    let g = lane / 4; // fragment row (and +8)
-    let t4 = lane % 4; // fragment column pair
-    let q_frag = |kk: u32| -> [u32; 4] {
-        let r = mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+    let frag_row = lane / 4; // the lane's fragment rows: frag_row and frag_row + 8
+    let frag_col = lane % 4; // the lane's fragment column pair
+    let q_fragment = |kk: u32| -> [u32; 4] {
+        let r = q_tile * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
         unsafe { ldmatrix_x4(q_smem + swizzle::<D>(r, 2 * kk + lane / 16)) }
     };
     let mut q_regs = [[0u32; 4]; QK];
     if V::T.q_in_regs {
         for kk in 0..QK {
-            q_regs[kk] = q_frag(kk as u32);
+            q_regs[kk] = q_fragment(kk as u32);
         }
     }
 
@@ -368,9 +394,12 @@ pub unsafe fn decode_mma<
     let active = d_part < d_parts;
     let col0 = d_part * DN as u32 * 8; // first output column of this warp
 
+    // Main loop: per tile, advance the pipeline (resolve the rows of tile `tile + stages - 1`,
+    // wait for tile `tile`, issue the copies of tile `tile + stages - 1`, look up the pages of the
+    // tile after it); then each warp attends to its 16-token blocks of the tile.
     for tile in 0..n_tiles {
         let next = tile + stages - 1;
-        park(next, pending_page);
+        park_row(next, pending_page);
         // Tile `tile` has landed for every thread, every warp is done with tile - 1 (whose
         // stage the next copies overwrite), and the rows of tile `next` are parked.
         cp_async_wait_dyn(stages - 2);
@@ -379,38 +408,40 @@ pub unsafe fn decode_mma<
             unsafe { kv.issue(next) };
         }
         cp_async_commit();
-        pending_page = fetch_page(next + 1);
+        pending_page = load_page(next + 1);
 
         let (k_tile, v_tile) = kv.stage(tile);
         let t0 = chunk.begin + tile * tile_tokens;
-        let mut sb = phase;
-        while active && sb < tile_tokens / 16 && t0 + sb * 16 < chunk.end {
-            let row0 = sb * 16;
+        let mut block = phase;
+        // Attention step per 16-token block: S = Q·Kᵀ, masking and online softmax, O += P·V.
+        while active && block < tile_tokens / 16 && t0 + block * 16 < chunk.end {
+            let row0 = block * 16;
             // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
             // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
             let mut s_odd = [[0f32; 4]; 2];
             for kk in 0..QK {
-                let qa = if V::T.q_in_regs { q_regs[kk] } else { q_frag(kk as u32) };
-                let kr = row0 + (lane % 8) + 8 * (lane / 16);
-                let kb = unsafe { ldmatrix_x4(k_tile + swizzle::<D>(kr, 2 * kk as u32 + (lane / 8) % 2)) };
+                let q_frag_k = if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
+                let k_row = row0 + (lane % 8) + 8 * (lane / 16);
+                let k_frag =
+                    unsafe { ldmatrix_x4(k_tile + swizzle::<D>(k_row, 2 * kk as u32 + (lane / 8) % 2)) };
                 let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };
-                T::mma(&mut acc[0], qa, kb[0], kb[1]);
-                T::mma(&mut acc[1], qa, kb[2], kb[3]);
+                T::mma(&mut acc[0], q_frag_k, k_frag[0], k_frag[1]);
+                T::mma(&mut acc[1], q_frag_k, k_frag[2], k_frag[3]);
             }
             for nt in 0..2 {
                 for i in 0..4 {
                     s[nt][i] += s_odd[nt][i];
                 }
             }
-            // Scale, mask tokens past the chunk, online softmax (rows g and g + 8).
+            // Scale, mask tokens past the chunk, online softmax (rows frag_row and frag_row + 8).
             let mut row_max = [f32::NEG_INFINITY; 2];
             let partial = t0 + row0 + 16 > chunk.end;
             for nt in 0..2 {
                 for i in 0..4 {
                     s[nt][i] *= p.scale_log2;
                     if partial {
-                        let t = t0 + row0 + nt as u32 * 8 + 2 * t4 + (i as u32 & 1);
+                        let t = t0 + row0 + nt as u32 * 8 + 2 * frag_col + (i as u32 & 1);
                         if t >= chunk.end {
                             s[nt][i] = f32::NEG_INFINITY;
                         }
@@ -441,22 +472,24 @@ pub unsafe fn decode_mma<
                 }
             }
             // O += P · V, P re-packed from the S accumulators as the A operand.
-            let pa = [
+            let p_frag = [
                 T::pack2(s[0][0], s[0][1]),
                 T::pack2(s[0][2], s[0][3]),
                 T::pack2(s[1][0], s[1][1]),
                 T::pack2(s[1][2], s[1][3]),
             ];
             for dn in 0..DN / 2 {
-                let vr = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
-                let chunk16 = col0 / 8 + 2 * dn as u32 + lane / 16;
-                let vb = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(vr, chunk16)) };
-                T::mma(&mut o[2 * dn], pa, vb[0], vb[1]);
-                T::mma(&mut o[2 * dn + 1], pa, vb[2], vb[3]);
+                let v_row = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
+                let v_column = col0 / 8 + 2 * dn as u32 + lane / 16;
+                let v_frag = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(v_row, v_column)) };
+                T::mma(&mut o[2 * dn], p_frag, v_frag[0], v_frag[1]);
+                T::mma(&mut o[2 * dn + 1], p_frag, v_frag[2], v_frag[3]);
             }
-            sb += phases;
+            block += phases;
         }
     }
+    // Epilogue: the warps' partials through shared memory, their phases combined, the result
+    // (or the chunk's partial, then the split merge) written.
     let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
     sync_threads();
@@ -468,21 +501,21 @@ pub unsafe fn decode_mma<
         l[r] += shfl_xor(l[r], 1);
         l[r] += shfl_xor(l[r], 2);
     }
-    let dw = D / d_parts;
-    let pitch = dw + 8;
+    let part_cols = D / d_parts;
+    let pitch = part_cols + 8;
     let part_bytes = (16 * pitch + 2 * 16) * 4;
     let stats = 16 * pitch * 4; // byte offset of m[16] (l[16] follows)
     let my_part = kv_smem + warp * part_bytes;
     for r in 0..2 {
-        let row = g + 8 * r as u32;
-        if mt * 16 + row < heads {
+        let row = frag_row + 8 * r as u32;
+        if q_tile * 16 + row < heads {
             for n in 0..DN {
-                let col = n as u32 * 8 + 2 * t4;
+                let col = n as u32 * 8 + 2 * frag_col;
                 unsafe {
                     st_shared_v2_f32(my_part + (row * pitch + col) * 4, [o[n][2 * r], o[n][2 * r + 1]])
                 };
             }
-            if t4 == 0 {
+            if frag_col == 0 {
                 unsafe {
                     st_shared_u32(my_part + stats + row * 4, m[r].to_bits());
                     st_shared_u32(my_part + stats + (16 + row) * 4, l[r].to_bits());
@@ -494,12 +527,12 @@ pub unsafe fn decode_mma<
 
     // Combine the phases of each query row and write the result (or the split's partial).
     let quads = D / 4;
-    let mut e = tid;
-    while e < heads * quads {
-        let (row, d4) = (e / quads, e % quads);
-        let (tile_idx, r) = (row / 16, row % 16);
-        let dp = d4 * 4 / dw;
-        let warp_part = |ph: u32| kv_smem + (tile_idx + q_tiles * (ph + phases * dp)) * part_bytes;
+    let mut idx = tid;
+    while idx < heads * quads {
+        let (row, d4) = (idx / quads, idx % quads);
+        let (row_tile, r) = (row / 16, row % 16);
+        let part = d4 * 4 / part_cols;
+        let warp_part = |ph: u32| kv_smem + (row_tile + q_tiles * (ph + phases * part)) * part_bytes;
         let stat =
             |ph: u32, k: u32| f32::from_bits(unsafe { ld_shared_u32(warp_part(ph) + stats + (k + r) * 4) });
         let mut m_all = f32::NEG_INFINITY;
@@ -512,7 +545,8 @@ pub unsafe fn decode_mma<
             for ph in 0..phases {
                 let w = exp2(stat(ph, 0) - m_all);
                 l_all += w * stat(ph, 16);
-                let o4 = unsafe { ld_shared_v4_f32(warp_part(ph) + (r * pitch + d4 * 4 - dp * dw) * 4) };
+                let o4 =
+                    unsafe { ld_shared_v4_f32(warp_part(ph) + (r * pitch + d4 * 4 - part * part_cols) * 4) };
                 for i in 0..4 {
                     acc[i] += w * o4[i];
                 }
@@ -520,13 +554,13 @@ pub unsafe fn decode_mma<
         }
         let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
-        let qo = (b * p.num_qo_heads + first_qo_head + row) as usize;
-        let partial = (chunk.chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
+        let qo = (request * p.num_qo_heads + first_qo_head + row) as usize;
+        let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
         let v = [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv];
         unsafe { write_row_quad::<T>(p, partial, qo, D, d4, v, lse) };
-        e += DECODE_THREADS;
+        idx += DECODE_THREADS;
     }
-    if SPLIT && chunk.chunks > 1 {
+    if SPLIT && chunk.request_chunks > 1 {
         unsafe { finish_split::<T, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
     }
 }
@@ -559,8 +593,15 @@ unsafe fn write_row_quad<T: Elem>(
     }
 }
 
-/// CUDA-core decode (any element type; used for f32): grid as [`decode_mma`] with one head block;
-/// warp `w` handles query heads `w, w + 4, …` of the group, lanes split `D` (`VPL` values each).
+/// CUDA-core decode (any element type; used for f32): grid as [`decode_mma`] with one head block
+/// per KV head.
+///
+/// # Safety
+/// As [`decode_mma`], without dynamic shared memory.
+///
+/// # Thread Mapping
+/// Warp `w` handles query heads `w, w + 4, …` of the group, one token at a time; lane `i` holds
+/// columns `[i·VPL, (i + 1)·VPL)` of the head (`VPL` = D/32).
 #[inline(always)]
 pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: bool>(p: &DecodeParams) {
     const { assert!(VPL as u32 * 32 == D) };
@@ -605,7 +646,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         }
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
-        let partial = (chunk.chunks > 1).then(|| partial_row(p, item, kv_head * group + head));
+        let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, kv_head * group + head));
         for j in 0..VPL / 4 {
             let d4 = lane * (VPL as u32 / 4) + j as u32;
             let v = [o[4 * j] * inv, o[4 * j + 1] * inv, o[4 * j + 2] * inv, o[4 * j + 3] * inv];
@@ -617,7 +658,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         }
         head += WARPS;
     }
-    if SPLIT && chunk.chunks > 1 {
+    if SPLIT && chunk.request_chunks > 1 {
         // A small merge batch keeps the streaming loop's register count low.
         let ticket = unsafe { draw_ticket(p, &chunk) };
         unsafe { finish_split::<T, D, VPL, 4>(p, &chunk, ticket, kv_head * group, group) };

@@ -7,7 +7,7 @@
 //! for the others and merges every chunk of the request into `o` and `lse` ([`finish_split`]).
 //!
 //! # Thread mapping
-//! In the merging CTA each warp merges whole output rows ([`merge_row`]): lane `i` owns columns
+//! In the merging CTA each warp merges whole output rows (`merge_row`): lane `i` owns columns
 //! `[i·VPL, (i + 1)·VPL)` of the row and the lse of chunks `i` and `i + 32`.
 
 use crate::decode::WARPS;
@@ -31,11 +31,11 @@ fn arrival_counters(p: &DecodeParams, chunk: &Chunk) -> *mut u32 {
 }
 
 /// Split-KV arrival, step 1, as soon as the CTA's main loop ends: thread 0 draws a ticket for
-/// its (request, head block); the CTA drawing `chunks - 1` will merge. The ticket orders nothing,
+/// its (request, head block); the CTA drawing `request_chunks - 1` will merge. The ticket orders nothing,
 /// so its round trip overlaps the epilogue instead of following the partial writes.
 #[inline(always)]
 pub unsafe fn draw_ticket(p: &DecodeParams, chunk: &Chunk) -> u32 {
-    if thread_idx() == 0 && chunk.chunks > 1 {
+    if thread_idx() == 0 && chunk.request_chunks > 1 {
         unsafe { atomic_add_relaxed_u32(arrival_counters(p, chunk), 1) }
     } else {
         0
@@ -62,7 +62,7 @@ pub unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_
     // The barrier orders every thread's partial writes before thread 0's release, and the merge's
     // reads after its acquire (barriers synchronize with each other, and causality order is
     // transitive): no fence by every thread, as in CUTLASS's semaphore.
-    if !sync_threads_or(thread_idx() == 0 && ticket == chunk.chunks - 1) {
+    if !sync_threads_or(thread_idx() == 0 && ticket == chunk.request_chunks - 1) {
         if thread_idx() == 0 {
             unsafe { red_add_release_u32(done, 1) };
         }
@@ -70,14 +70,14 @@ pub unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_
     }
     // Each warp waits on its own, and merges its rows as soon as it sees every partial.
     if thread_idx() % 32 == 0 {
-        while unsafe { ld_acquire_u32(done) } < chunk.chunks - 1 {}
+        while unsafe { ld_acquire_u32(done) } < chunk.request_chunks - 1 {}
     }
     sync_warp();
     let mut h = first_head + thread_idx() / 32;
     while h < first_head + heads {
         let row = (chunk.request * p.num_qo_heads + h) as usize;
         let first_partial = partial_row(p, chunk.first_item, h);
-        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, first_partial, chunk.chunks) };
+        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, first_partial, chunk.request_chunks) };
         h += WARPS;
     }
     // Every warp is past its poll: the counters are free for the next launch.
