@@ -5,7 +5,7 @@
 //! to slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
 //! `last_page_len` outside `[1, page_size]`, or a page id outside the store, are skipped.
 //!
-//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte chunks of the `head_dim` row.
+//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row.
 
 use crate::element::Elem;
 use crate::intrinsics::*;
@@ -36,9 +36,9 @@ pub unsafe fn append_token<T: Elem>(p: &AppendParams) {
         ((page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize + last as usize - 1)
             * d;
     let src_row = (b as usize * p.num_kv_heads as usize + h as usize) * d;
-    let chunks = d * core::mem::size_of::<T>() / 16;
+    let vectors = d * core::mem::size_of::<T>() / 16;
     let mut c = thread_idx() as usize;
-    while c < chunks {
+    while c < vectors {
         unsafe {
             let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
             let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));

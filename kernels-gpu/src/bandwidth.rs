@@ -4,15 +4,15 @@
 use crate::intrinsics::*;
 
 /// # Safety
-/// `src` holds `chunks × 16` readable, 16-byte-aligned bytes and `sink` one writable `u32`.
+/// `src` holds `vectors × 16` readable, 16-byte-aligned bytes and `sink` one writable `u32`.
 #[inline(always)]
-pub unsafe fn read_bandwidth(src: *const u8, chunks: u64, sentinel: u32, sink: *mut u32) {
+pub unsafe fn read_bandwidth(src: *const u8, vectors: u64, sentinel: u32, sink: *mut u32) {
     const UNROLL: u64 = 8;
     let threads = grid_dim_x() as u64 * block_dim_x() as u64;
     let tid = block_idx().0 as u64 * block_dim_x() as u64 + thread_idx() as u64;
     let mut acc = 0u32;
     let mut i = tid;
-    while i + (UNROLL - 1) * threads < chunks {
+    while i + (UNROLL - 1) * threads < vectors {
         let mut v = [[0u32; 4]; UNROLL as usize];
         for u in 0..UNROLL as usize {
             v[u] = unsafe { ld_nc_v4(src.add(16 * (i + u as u64 * threads) as usize)) };
@@ -22,7 +22,7 @@ pub unsafe fn read_bandwidth(src: *const u8, chunks: u64, sentinel: u32, sink: *
         }
         i += UNROLL * threads;
     }
-    while i < chunks {
+    while i < vectors {
         let v = unsafe { ld_nc_v4(src.add(16 * i as usize)) };
         acc ^= v[0] ^ v[1] ^ v[2] ^ v[3];
         i += threads;

@@ -7,15 +7,16 @@ use crate::params::MAX_CHUNKS_PER_REQUEST;
 /// Bisection steps between the bounds on the chunk size (each a pass over the lengths).
 pub const BISECTION_STEPS: u32 = 3;
 
-/// `max(1, ceil(len / chunk))` without an integer division: an f32 estimate, corrected by one
-/// step either way. Exact while `len / chunk` stays far below 2^22 (the partition never asks
-/// for more than [`MAX_CHUNKS_PER_REQUEST`]); `chunk ≥ 1`.
+/// Chunks of `chunk_tokens` tokens a request of `len` tokens is split into, `max(1, ceil(len /
+/// chunk_tokens))`, without an integer division: an f32 estimate, corrected by one step either
+/// way. Exact while `len / chunk_tokens` stays far below 2^22 (the partition never asks for more
+/// than [`MAX_CHUNKS_PER_REQUEST`]); `chunk_tokens ≥ 1`.
 #[inline(always)]
-pub fn chunks_of(len: u32, chunk: u32) -> u32 {
-    let mut n = (len as f32 * (1.0 / chunk as f32)) as u32;
-    if (n as u64) * (chunk as u64) < len as u64 {
+pub fn chunks_of(len: u32, chunk_tokens: u32) -> u32 {
+    let mut n = (len as f32 * (1.0 / chunk_tokens as f32)) as u32;
+    if (n as u64) * (chunk_tokens as u64) < len as u64 {
         n += 1;
-    } else if n > 0 && ((n - 1) as u64) * (chunk as u64) >= len as u64 {
+    } else if n > 0 && ((n - 1) as u64) * (chunk_tokens as u64) >= len as u64 {
         n -= 1;
     }
     n.max(1)
@@ -99,9 +100,9 @@ pub fn max_items(
     preferred_chunk: u32,
     balance_items: u32,
 ) -> u32 {
-    let per = |chunk: u32| {
-        let chunk = round16(chunk as u64).max(16) as u64;
-        if batch == 1 { token_capacity.div_ceil(chunk) } else { token_capacity / chunk }
+    let per = |chunk_tokens: u32| {
+        let chunk_tokens = round16(chunk_tokens as u64).max(16) as u64;
+        if batch == 1 { token_capacity.div_ceil(chunk_tokens) } else { token_capacity / chunk_tokens }
     };
     let mut q = per(min_chunk).min(per(preferred_chunk).max((num_chunks / 2).max(1) as u64));
     if balance_items > 0 {

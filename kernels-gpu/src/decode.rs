@@ -6,18 +6,21 @@
 //!   in page `indices[indptr[b] + t / page_size]`, slot `t % page_size`.
 //! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
 //!
+//! Vocabulary: a *chunk* ([`Chunk`]) is a token range of one request that one CTA processes;
+//! its *item* is its index in the partition of the batch, `0..num_chunks`.
+//!
 //! Parallelisation
-//! - Grid `(chunks, num_kv_heads * head_blocks)` (split kernels may swap the two, see
-//!   [`cta_coords`]; `chunks` is `batch` unsplit, at most `num_chunks` split). One CTA of 4 warps
-//!   owns one
-//!   (token chunk of a request, KV head, block of ≤ 64 query heads of its GQA group (32 for
-//!   D = 256)). Unsplit, chunk `x` is request `x`; split, every CTA derives the same
-//!   length-aware partition of the requests into `num_chunks` chunks from the page table
+//! - Grid `(items, num_kv_heads * head_blocks)` (split kernels may swap the two, see
+//!   [`cta_coords`]; `batch` items unsplit, at most `num_chunks` split). One CTA of 4 warps owns
+//!   one (chunk, KV head, block of ≤ 64 query heads of its GQA group (32 for D = 256)). Unsplit,
+//!   item `x` is the whole request `x`; split, every CTA derives the same length-aware partition
+//!   of the requests into at most `num_chunks` chunks from the page table
 //!   ([`crate::partition`]). Every K/V byte of the chunk is read from HBM once and shared by all
 //!   query heads of the block.
 //! - K/V tiles of 16 KB each (8192 / D tokens) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
-//!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring.
+//!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
+//!   (`KvPipeline`).
 //!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
@@ -35,16 +38,27 @@
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
+use core::marker::PhantomData;
+
 use crate::element::{Elem, MmaElem};
 use crate::intrinsics::*;
+use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{DECODE_THREADS, DecodeParams, MmaTiling, lean_tiling, standard_tiling};
 use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
 
-const WARPS: u32 = DECODE_THREADS / 32;
+pub(crate) const WARPS: u32 = DECODE_THREADS / 32;
 
 /// A tiling of [`decode_mma`] as a type, so that its numbers are constants of each entry.
 pub trait Tiling {
     const T: MmaTiling;
+
+    /// Rows of K/V tile `tile` (of [`MmaTiling::tile_tokens`] rows) inside the tokens
+    /// `[begin, end)`. Left to LLVM's inliner (it is not `#[inline(always)]` and is called through
+    /// the type), which the shipped PTX depends on.
+    fn tile_rows(begin: u32, end: u32, tile: u32) -> u32 {
+        let tile_tokens = Self::T.tile_tokens;
+        (end - begin).saturating_sub(tile * tile_tokens).min(tile_tokens)
+    }
 }
 /// [`standard_tiling`] for head_dim `D`.
 pub struct Standard<const D: u32>;
@@ -80,19 +94,187 @@ unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32) -> u32 {
     page_row(p, unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }, h, in_page)
 }
 
-/// Byte offset of 16-byte chunk `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
+/// Byte offset of 16-byte column `c` of row `r` in a `[rows][D]` 16-bit tile, XOR-swizzled so
 /// that `ldmatrix` over 8 consecutive rows hits 8 distinct bank groups.
 #[inline(always)]
 fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
     r * D * 2 + ((c ^ (r & 7)) << 4)
 }
 
-/// Tensor-core decode for 16-bit elements. `QK` = D/16 k-steps, `DN` = output n-tiles (of 8
-/// columns) per warp, `VPL` = D/32 (merge columns per lane), `V` the tiling ([`MmaTiling`]: tokens
-/// per pipeline stage, stages, warps per 16-token block, heads per CTA, query fragments in
-/// registers), `SPLIT` partitions the requests into
-/// chunks (partials + merge) instead of one CTA per request; `MERGE_BATCH` partial rows per lane
-/// are in flight in the merge.
+/// The K/V copy pipeline of one chunk, as seen by one thread.
+///
+/// The chunk's tokens stream global → shared in tiles of `tile_tokens` rows through a ring of
+/// `stages` stages, each holding the tile's K then its V (`[tile_tokens][D]` 16-bit, swizzled).
+/// Copies are 16-byte `cp.async` under an L2 evict-first policy (each K/V byte is read once per
+/// launch); thread `t` copies 16-byte column `t % (D / 8)` of every `128 / (D / 8)`-th row from
+/// row `t / (D / 8)`.
+///
+/// Page lookups run one tile ahead: thread `r < tile_tokens` loads the page id of row `r` of a
+/// tile one iteration before the tile's copies are issued (the load's latency hides behind a tile
+/// of compute), then resolves it into a row of the K/V store, which it parks in a shared ring of
+/// `stages` tiles (row 0 past the chunk, never copied) for the threads that copy the row.
+///
+/// The numbers of the tiling are read where they are used, as in the code this replaced: the
+/// shipped PTX is sensitive to the form of these expressions.
+struct KvPipeline<const D: u32, V: Tiling> {
+    tile_tokens: u32,
+    tid: u32,
+    /// The chunk's tokens `[begin, end)` and its tiles.
+    begin: u32,
+    end: u32,
+    tiles: u32,
+    /// This thread's 16-byte column of the rows it copies, and the first of those rows.
+    column: u32,
+    first_row: u32,
+    /// Shared addresses of the first stage (the others follow it) and of the page-row ring.
+    stages_smem: u32,
+    ring: u32,
+    /// Global addresses of this thread's column of K and V row 0 of the store.
+    k_column: u64,
+    v_column: u64,
+    /// L2 policy of the copies.
+    policy: u64,
+    tiling: PhantomData<V>,
+}
+
+impl<const D: u32, V: Tiling> KvPipeline<D, V> {
+    /// The pipeline of `chunk` for thread `tid`, its stages from shared address `stages_smem`.
+    #[inline(always)]
+    fn new(p: &DecodeParams, chunk: &Chunk, stages_smem: u32, tid: u32) -> Self {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let columns = D / 8;
+        let tile_bytes = tile_tokens * D * 2;
+        let tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
+        let column = tid % columns;
+        let first_row = tid / columns;
+        let ring = stages_smem + stages * 2 * tile_bytes;
+        let (k_column, v_column) = (p.k_data + (column * 16) as u64, p.v_data + (column * 16) as u64);
+        // K/V are read once per launch: their lines go first when L2 needs room.
+        let policy = l2_evict_first_policy();
+        let (begin, end) = (chunk.begin, chunk.end);
+        let tiling = PhantomData;
+        KvPipeline {
+            tile_tokens,
+            tid,
+            begin,
+            end,
+            tiles,
+            column,
+            first_row,
+            stages_smem,
+            ring,
+            k_column,
+            v_column,
+            policy,
+            tiling,
+        }
+    }
+
+    /// Token of the chunk's request in this thread's row of tile `tile`.
+    #[inline(always)]
+    fn row_token(&self, tile: u32) -> u32 {
+        self.begin + tile * self.tile_tokens + self.tid
+    }
+
+    /// Whether this thread's row of tile `tile` lies inside the chunk.
+    #[inline(always)]
+    fn row_valid(&self, tile: u32) -> bool {
+        self.tid < V::tile_rows(self.begin, self.end, tile)
+    }
+
+    /// Shared addresses of the K and V tiles of tile `tile`'s stage.
+    #[inline(always)]
+    fn stage(&self, tile: u32) -> (u32, u32) {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let tile_bytes = tile_tokens * D * 2;
+        let k_tile = self.stages_smem + (tile % stages) * 2 * tile_bytes;
+        (k_tile, k_tile + tile_bytes)
+    }
+
+    /// Global addresses of this thread's column of K and V row `row` of the store.
+    #[inline(always)]
+    fn kv_addr(&self, row: u32) -> (*const u8, *const u8) {
+        (
+            mad_wide_u32(row, D * 2, self.k_column) as *const u8,
+            mad_wide_u32(row, D * 2, self.v_column) as *const u8,
+        )
+    }
+
+    /// Issues the copies of this thread's rows of tile `tile` (rows past the chunk are
+    /// zero-filled), from the store rows parked in the ring.
+    #[inline(always)]
+    unsafe fn issue(&self, tile: u32) {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
+        let row_step = DECODE_THREADS / (D / 8);
+        let (k_dst, v_dst) = self.stage(tile);
+        let valid_rows = V::tile_rows(self.begin, self.end, tile);
+        let parked = self.ring + (tile % stages) * tile_tokens * 4;
+        for i in 0..rows_per_thread {
+            let r = self.first_row + i * row_step;
+            let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
+            let dst = swizzle::<D>(r, self.column);
+            let n = if r < valid_rows { 16 } else { 0 };
+            unsafe {
+                cp_async_16(k_dst + dst, k, n, self.policy);
+                cp_async_16(v_dst + dst, v, n, self.policy);
+            }
+        }
+    }
+
+    /// In the first `p.prefetch_ctas` CTAs of the launch, prefetches the rows of the first
+    /// `stages - 1` tiles into L2 (one thread per 128 bytes of a row): a hint, which reads
+    /// nothing, so it may run while the previous kernel still writes K/V.
+    #[inline(always)]
+    unsafe fn prefetch_first_tiles(&self, p: &DecodeParams) {
+        let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
+        let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
+        let row_step = DECODE_THREADS / (D / 8);
+        let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
+        if self.column % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
+            for s in 0..stages - 1 {
+                let parked = self.ring + (s % stages) * tile_tokens * 4;
+                let valid_rows = V::tile_rows(self.begin, self.end, s);
+                for i in 0..rows_per_thread {
+                    let r = self.first_row + i * row_step;
+                    if r < valid_rows {
+                        let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
+                        unsafe {
+                            prefetch_l2(k);
+                            prefetch_l2(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Tensor-core decode for 16-bit elements: one CTA per (chunk, KV head, head block), see the
+/// [module docs](self).
+///
+/// # Safety
+/// `p` satisfies the [safety model](crate#safety-model) of `decode_*`; launched with
+/// [`DECODE_THREADS`] threads and the dynamic shared memory of
+/// [`mma_smem_bytes`](crate::params::mma_smem_bytes) for `V`.
+///
+/// # Tiling
+/// - `V` ([`MmaTiling`]): tokens per K/V tile, pipeline stages, warps sharing a 16-token block
+///   (`d_parts`), query heads per CTA, query fragments kept in registers or not.
+/// - `QK` = D/16 k-steps of `S = Q·Kᵀ`; `DN` output n-tiles (of 8 columns) per warp.
+/// - `SPLIT`: the requests are partitioned into chunks (partials + merge) instead of one CTA per
+///   request; `VPL` = D/32 merge columns per lane and `MERGE_BATCH` partial rows per lane in
+///   flight in the merge ([`crate::merge`]).
+/// - Shared memory: Q tiles (`[q_tiles·16][D]`, swizzled), then the K/V stages and the page-row
+///   ring of `KvPipeline`; after the main loop the stages hold the warps' partials.
+///
+/// # Thread Mapping
+/// - Warp `w` owns query tile `w % q_tiles`, 16-token block phase `(w / q_tiles) % phases` (it
+///   takes blocks `phase, phase + phases, …` of each tile) and output columns `d_part` of
+///   `d_parts` (D = 256: halves). Its lanes hold `mma` fragments: rows `lane / 4` and
+///   `lane / 4 + 8`, column pair `lane % 4`.
+/// - K/V copies and page lookups: see `KvPipeline`. Q staging and the final combination of the
+///   phases: thread `t` takes elements `t, t + 128, …`.
 #[inline(always)]
 pub unsafe fn decode_mma<
     T: MmaElem,
@@ -111,144 +293,98 @@ pub unsafe fn decode_mma<
     // One thread per tile row resolves page lookups.
     const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
     let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
-    let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
     let heads_per_cta = V::T.heads_per_cta;
     let d_parts = V::T.d_parts;
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;
-    let (item, y, _) = cta_coords::<SPLIT>(p);
+    let (item, head_block, _) = cta_coords::<SPLIT>(p);
     let group = p.num_qo_heads / p.num_kv_heads;
     let head_blocks = group.div_ceil(heads_per_cta);
-    let kv_head = y / head_blocks;
-    let head0 = (y % head_blocks) * heads_per_cta;
-    let heads = (group - head0).min(heads_per_cta);
+    let kv_head = head_block / head_blocks;
+    let first_group_head = (head_block % head_blocks) * heads_per_cta;
+    let heads = (group - first_group_head).min(heads_per_cta);
     let q_tiles = heads.div_ceil(16);
-    // Warp roles: query tile `mt`, output columns `d_part` of `d_parts`, 16-token block phase
+    // Warp roles: query tile `q_tile`, output columns `d_part` of `d_parts`, 16-token block phase
     // `phase` of `phases`.
     let phases = WARPS / q_tiles / d_parts;
-    let mt = warp % q_tiles;
+    let q_tile = warp % q_tiles;
     let phase = (warp / q_tiles) % phases;
     let d_part = warp / q_tiles / phases;
-    let first_qo_head = kv_head * group + head0;
+    let first_qo_head = kv_head * group + first_group_head;
 
-    let cpr = D / 8; // 16-byte chunks per row
+    let columns = D / 8; // 16-byte columns per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
-    let tile_bytes = tile_tokens * D * 2;
     let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
     let Some(chunk) = chunk else { return };
-    let b = chunk.request;
+    let request = chunk.request;
 
-    let n_tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
-    let c = tid % cpr;
-    let first_row = tid / cpr;
-    let row_step = DECODE_THREADS / cpr;
-    // Page lookups: thread `r < tile_tokens` loads the page id of row `r` of a tile one iteration before
-    // its copies are issued (the load's latency hides behind a tile of compute), then resolves
-    // it into a row of a shared ring of `stages` tiles (row 0 past the chunk, never copied).
-    let ring = kv_smem + stages * 2 * tile_bytes;
-    let row_token = |tile: u32| chunk.begin + tile * tile_tokens + tid;
-    let rows_in = |tile: u32| (chunk.end - chunk.begin).saturating_sub(tile * tile_tokens).min(tile_tokens);
-    let row_valid = |tile: u32| tid < rows_in(tile);
-    let fetch_page = |tile: u32| -> i32 {
-        if row_valid(tile) {
-            let (idx, _) = page_slot(p, &chunk, row_token(tile));
+    // The K/V pipeline. Its page-lookup steps stay closures here: the shipped PTX depends on
+    // LLVM inlining them late, as closures are.
+    let kv = KvPipeline::<D, V>::new(p, &chunk, kv_smem, tid);
+    let n_tiles = kv.tiles;
+    // Page id of this thread's row of tile `tile`.
+    let load_page = |tile: u32| -> i32 {
+        if kv.row_valid(tile) {
+            let (idx, _) = page_slot(p, &chunk, kv.row_token(tile));
             unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
         } else {
             0
         }
     };
-    let park = |tile: u32, page: i32| {
+    // Resolves `page` into the store row of this thread's row of tile `tile`, parked in the ring.
+    let park_row = |tile: u32, page: i32| {
         if tid < tile_tokens {
-            let row = if row_valid(tile) {
-                page_row(p, page, kv_head, page_slot(p, &chunk, row_token(tile)).1)
+            let row = if kv.row_valid(tile) {
+                page_row(p, page, kv_head, page_slot(p, &chunk, kv.row_token(tile)).1)
             } else {
                 0
             };
-            unsafe { st_shared_u32(ring + ((tile % stages) * tile_tokens + tid) * 4, row) };
-        }
-    };
-    // Global addresses of this thread's 16-byte column `c` of K and V row `row`.
-    let (k_col, v_col) = (p.k_data + (c * 16) as u64, p.v_data + (c * 16) as u64);
-    // K/V are read once per launch: their lines go first when L2 needs room.
-    let stream_policy = l2_evict_first_policy();
-    let kv_addr = |row: u32| {
-        (mad_wide_u32(row, D * 2, k_col) as *const u8, mad_wide_u32(row, D * 2, v_col) as *const u8)
-    };
-    let issue = |tile: u32| {
-        let k_dst = kv_smem + (tile % stages) * 2 * tile_bytes;
-        let v_dst = k_dst + tile_bytes;
-        let slot = ring + (tile % stages) * tile_tokens * 4;
-        let valid_rows = rows_in(tile);
-        for i in 0..rows_per_thread {
-            let r = first_row + i * row_step;
-            let (k, v) = kv_addr(unsafe { ld_shared_u32(slot + r * 4) });
-            let dst = swizzle::<D>(r, c);
-            let n = if r < valid_rows { 16 } else { 0 };
-            unsafe {
-                cp_async_16(k_dst + dst, k, n, stream_policy);
-                cp_async_16(v_dst + dst, v, n, stream_policy);
-            }
+            unsafe { st_shared_u32(kv.ring + ((tile % stages) * tile_tokens + tid) * 4, row) };
         }
     };
     for s in 0..stages - 1 {
-        park(s, fetch_page(s));
+        park_row(s, load_page(s));
     }
-    let mut pending_page = fetch_page(stages - 1);
+    let mut pending_page = load_page(stages - 1);
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
-    let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
-    if c % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
-        for s in 0..stages - 1 {
-            let slot = ring + (s % stages) * tile_tokens * 4;
-            let valid_rows = rows_in(s);
-            for i in 0..rows_per_thread {
-                let r = first_row + i * row_step;
-                if r < valid_rows {
-                    let (k, v) = kv_addr(unsafe { ld_shared_u32(slot + r * 4) });
-                    unsafe {
-                        prefetch_l2(k);
-                        prefetch_l2(v);
-                    }
-                }
-            }
-        }
-    }
+    unsafe { kv.prefetch_first_tiles(p) };
     grid_dependency_wait();
     allow_dependent_launch();
     for s in 0..stages - 1 {
         if s < n_tiles {
-            issue(s);
+            unsafe { kv.issue(s) };
         }
         cp_async_commit();
     }
     // Q → shared (rows past the group are zero), while the first tiles are in flight.
-    let mut e = tid;
-    while e < q_tiles * 16 * cpr {
-        let (r, c) = (e / cpr, e % cpr);
+    let mut idx = tid;
+    while idx < q_tiles * 16 * columns {
+        let (r, c) = (idx / columns, idx % columns);
         let v = if r < heads {
-            let off = (b * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
+            let off = (request * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
             unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
         } else {
             [0; 4]
         };
         unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
-        e += DECODE_THREADS;
+        idx += DECODE_THREADS;
     }
     sync_threads();
 
-    let g = lane / 4; // fragment row (and +8)
-    let t4 = lane % 4; // fragment column pair
-    let q_frag = |kk: u32| -> [u32; 4] {
-        let r = mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+    let frag_row = lane / 4; // the lane's fragment rows: frag_row and frag_row + 8
+    let frag_col = lane % 4; // the lane's fragment column pair
+    let q_fragment = |kk: u32| -> [u32; 4] {
+        let r = q_tile * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
         unsafe { ldmatrix_x4(q_smem + swizzle::<D>(r, 2 * kk + lane / 16)) }
     };
     let mut q_regs = [[0u32; 4]; QK];
     if V::T.q_in_regs {
         for kk in 0..QK {
-            q_regs[kk] = q_frag(kk as u32);
+            q_regs[kk] = q_fragment(kk as u32);
         }
     }
 
@@ -258,50 +394,54 @@ pub unsafe fn decode_mma<
     let active = d_part < d_parts;
     let col0 = d_part * DN as u32 * 8; // first output column of this warp
 
+    // Main loop: per tile, advance the pipeline (resolve the rows of tile `tile + stages - 1`,
+    // wait for tile `tile`, issue the copies of tile `tile + stages - 1`, look up the pages of the
+    // tile after it); then each warp attends to its 16-token blocks of the tile.
     for tile in 0..n_tiles {
         let next = tile + stages - 1;
-        park(next, pending_page);
+        park_row(next, pending_page);
         // Tile `tile` has landed for every thread, every warp is done with tile - 1 (whose
         // stage the next copies overwrite), and the rows of tile `next` are parked.
         cp_async_wait_dyn(stages - 2);
         sync_threads();
         if next < n_tiles {
-            issue(next);
+            unsafe { kv.issue(next) };
         }
         cp_async_commit();
-        pending_page = fetch_page(next + 1);
+        pending_page = load_page(next + 1);
 
-        let k_tile = kv_smem + (tile % stages) * 2 * tile_bytes;
-        let v_tile = k_tile + tile_bytes;
+        let (k_tile, v_tile) = kv.stage(tile);
         let t0 = chunk.begin + tile * tile_tokens;
-        let mut sb = phase;
-        while active && sb < tile_tokens / 16 && t0 + sb * 16 < chunk.end {
-            let row0 = sb * 16;
+        let mut block = phase;
+        // Attention step per 16-token block: S = Q·Kᵀ, masking and online softmax, O += P·V.
+        while active && block < tile_tokens / 16 && t0 + block * 16 < chunk.end {
+            let row0 = block * 16;
             // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
             // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
             let mut s_odd = [[0f32; 4]; 2];
             for kk in 0..QK {
-                let qa = if V::T.q_in_regs { q_regs[kk] } else { q_frag(kk as u32) };
-                let kr = row0 + (lane % 8) + 8 * (lane / 16);
-                let kb = unsafe { ldmatrix_x4(k_tile + swizzle::<D>(kr, 2 * kk as u32 + (lane / 8) % 2)) };
+                let q_frag_k = if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
+                let k_row = row0 + (lane % 8) + 8 * (lane / 16);
+                let k_frag =
+                    unsafe { ldmatrix_x4(k_tile + swizzle::<D>(k_row, 2 * kk as u32 + (lane / 8) % 2)) };
                 let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };
-                T::mma(&mut acc[0], qa, kb[0], kb[1]);
-                T::mma(&mut acc[1], qa, kb[2], kb[3]);
+                T::mma(&mut acc[0], q_frag_k, k_frag[0], k_frag[1]);
+                T::mma(&mut acc[1], q_frag_k, k_frag[2], k_frag[3]);
             }
             for nt in 0..2 {
                 for i in 0..4 {
                     s[nt][i] += s_odd[nt][i];
                 }
             }
-            // Scale, mask tokens past the chunk, online softmax (rows g and g + 8).
+            // Scale, mask tokens past the chunk, online softmax (rows frag_row and frag_row + 8).
             let mut row_max = [f32::NEG_INFINITY; 2];
             let partial = t0 + row0 + 16 > chunk.end;
             for nt in 0..2 {
                 for i in 0..4 {
                     s[nt][i] *= p.scale_log2;
                     if partial {
-                        let t = t0 + row0 + nt as u32 * 8 + 2 * t4 + (i as u32 & 1);
+                        let t = t0 + row0 + nt as u32 * 8 + 2 * frag_col + (i as u32 & 1);
                         if t >= chunk.end {
                             s[nt][i] = f32::NEG_INFINITY;
                         }
@@ -332,22 +472,24 @@ pub unsafe fn decode_mma<
                 }
             }
             // O += P · V, P re-packed from the S accumulators as the A operand.
-            let pa = [
+            let p_frag = [
                 T::pack2(s[0][0], s[0][1]),
                 T::pack2(s[0][2], s[0][3]),
                 T::pack2(s[1][0], s[1][1]),
                 T::pack2(s[1][2], s[1][3]),
             ];
             for dn in 0..DN / 2 {
-                let vr = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
-                let chunk16 = col0 / 8 + 2 * dn as u32 + lane / 16;
-                let vb = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(vr, chunk16)) };
-                T::mma(&mut o[2 * dn], pa, vb[0], vb[1]);
-                T::mma(&mut o[2 * dn + 1], pa, vb[2], vb[3]);
+                let v_row = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
+                let v_column = col0 / 8 + 2 * dn as u32 + lane / 16;
+                let v_frag = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(v_row, v_column)) };
+                T::mma(&mut o[2 * dn], p_frag, v_frag[0], v_frag[1]);
+                T::mma(&mut o[2 * dn + 1], p_frag, v_frag[2], v_frag[3]);
             }
-            sb += phases;
+            block += phases;
         }
     }
+    // Epilogue: the warps' partials through shared memory, their phases combined, the result
+    // (or the chunk's partial, then the split merge) written.
     let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
     sync_threads();
@@ -359,21 +501,21 @@ pub unsafe fn decode_mma<
         l[r] += shfl_xor(l[r], 1);
         l[r] += shfl_xor(l[r], 2);
     }
-    let dw = D / d_parts;
-    let pitch = dw + 8;
+    let part_cols = D / d_parts;
+    let pitch = part_cols + 8;
     let part_bytes = (16 * pitch + 2 * 16) * 4;
     let stats = 16 * pitch * 4; // byte offset of m[16] (l[16] follows)
     let my_part = kv_smem + warp * part_bytes;
     for r in 0..2 {
-        let row = g + 8 * r as u32;
-        if mt * 16 + row < heads {
+        let row = frag_row + 8 * r as u32;
+        if q_tile * 16 + row < heads {
             for n in 0..DN {
-                let col = n as u32 * 8 + 2 * t4;
+                let col = n as u32 * 8 + 2 * frag_col;
                 unsafe {
                     st_shared_v2_f32(my_part + (row * pitch + col) * 4, [o[n][2 * r], o[n][2 * r + 1]])
                 };
             }
-            if t4 == 0 {
+            if frag_col == 0 {
                 unsafe {
                     st_shared_u32(my_part + stats + row * 4, m[r].to_bits());
                     st_shared_u32(my_part + stats + (16 + row) * 4, l[r].to_bits());
@@ -385,12 +527,12 @@ pub unsafe fn decode_mma<
 
     // Combine the phases of each query row and write the result (or the split's partial).
     let quads = D / 4;
-    let mut e = tid;
-    while e < heads * quads {
-        let (row, d4) = (e / quads, e % quads);
-        let (tile_idx, r) = (row / 16, row % 16);
-        let dp = d4 * 4 / dw;
-        let warp_part = |ph: u32| kv_smem + (tile_idx + q_tiles * (ph + phases * dp)) * part_bytes;
+    let mut idx = tid;
+    while idx < heads * quads {
+        let (row, d4) = (idx / quads, idx % quads);
+        let (row_tile, r) = (row / 16, row % 16);
+        let part = d4 * 4 / part_cols;
+        let warp_part = |ph: u32| kv_smem + (row_tile + q_tiles * (ph + phases * part)) * part_bytes;
         let stat =
             |ph: u32, k: u32| f32::from_bits(unsafe { ld_shared_u32(warp_part(ph) + stats + (k + r) * 4) });
         let mut m_all = f32::NEG_INFINITY;
@@ -403,7 +545,8 @@ pub unsafe fn decode_mma<
             for ph in 0..phases {
                 let w = exp2(stat(ph, 0) - m_all);
                 l_all += w * stat(ph, 16);
-                let o4 = unsafe { ld_shared_v4_f32(warp_part(ph) + (r * pitch + d4 * 4 - dp * dw) * 4) };
+                let o4 =
+                    unsafe { ld_shared_v4_f32(warp_part(ph) + (r * pitch + d4 * 4 - part * part_cols) * 4) };
                 for i in 0..4 {
                     acc[i] += w * o4[i];
                 }
@@ -411,88 +554,14 @@ pub unsafe fn decode_mma<
         }
         let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
-        let qo = (b * p.num_qo_heads + first_qo_head + row) as usize;
-        let partial = (chunk.chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
+        let qo = (request * p.num_qo_heads + first_qo_head + row) as usize;
+        let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
         let v = [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv];
         unsafe { write_row_quad::<T>(p, partial, qo, D, d4, v, lse) };
-        e += DECODE_THREADS;
+        idx += DECODE_THREADS;
     }
-    if SPLIT && chunk.chunks > 1 {
+    if SPLIT && chunk.request_chunks > 1 {
         unsafe { finish_split::<T, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
-    }
-}
-
-/// Workspace row of the partial (O, lse) of query head `head` (of the request) in item `item`.
-#[inline(always)]
-fn partial_row(p: &DecodeParams, item: u32, head: u32) -> usize {
-    item as usize * p.num_qo_heads as usize + head as usize
-}
-
-/// Arrival counters `[ticket, done]` of this CTA's (request, head block) in `p.counters`.
-#[inline(always)]
-fn arrival_counters(p: &DecodeParams, chunk: &Chunk) -> *mut u32 {
-    let (_, y, head_blocks) = cta_coords::<true>(p);
-    let slot = (chunk.request * head_blocks + y) as usize;
-    unsafe { (p.counters as *mut u32).add(2 * slot) }
-}
-
-/// Split-KV arrival, step 1, as soon as the CTA's main loop ends: thread 0 draws a ticket for
-/// its (request, head block); the CTA drawing `chunks - 1` will merge. The ticket orders nothing,
-/// so its round trip overlaps the epilogue instead of following the partial writes.
-#[inline(always)]
-unsafe fn draw_ticket(p: &DecodeParams, chunk: &Chunk) -> u32 {
-    if thread_idx() == 0 && chunk.chunks > 1 {
-        unsafe { atomic_add_relaxed_u32(arrival_counters(p, chunk), 1) }
-    } else {
-        0
-    }
-}
-
-/// Split-KV epilogue, after the CTA has written its partials: the other CTAs of a (request, KV
-/// head, head block) publish theirs by a release increment of `done`. In the one holding the
-/// last ticket, each warp waits until `done` counts them all (no CTA barrier between the poll
-/// and the merge) and combines all chunks of its share of the `heads` query heads from
-/// `first_head` (of the request); then the CTA resets both counters to 0 for the next launch.
-/// The wait is short and cannot deadlock: every other ticket holder is past its main loop. The
-/// chunks are combined in item order whichever CTA merges, so the result is deterministic.
-#[inline(always)]
-unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_BATCH: usize>(
-    p: &DecodeParams,
-    chunk: &Chunk,
-    ticket: u32,
-    first_head: u32,
-    heads: u32,
-) {
-    let ticket_counter = arrival_counters(p, chunk);
-    let done = unsafe { ticket_counter.add(1) };
-    // The barrier orders every thread's partial writes before thread 0's release, and the merge's
-    // reads after its acquire (barriers synchronize with each other, and causality order is
-    // transitive): no fence by every thread, as in CUTLASS's semaphore.
-    if !sync_threads_or(thread_idx() == 0 && ticket == chunk.chunks - 1) {
-        if thread_idx() == 0 {
-            unsafe { red_add_release_u32(done, 1) };
-        }
-        return;
-    }
-    // Each warp waits on its own, and merges its rows as soon as it sees every partial.
-    if thread_idx() % 32 == 0 {
-        while unsafe { ld_acquire_u32(done) } < chunk.chunks - 1 {}
-    }
-    sync_warp();
-    let mut h = first_head + thread_idx() / 32;
-    while h < first_head + heads {
-        let row = (chunk.request * p.num_qo_heads + h) as usize;
-        let first_partial = partial_row(p, chunk.first_item, h);
-        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, first_partial, chunk.chunks) };
-        h += WARPS;
-    }
-    // Every warp is past its poll: the counters are free for the next launch.
-    sync_threads();
-    if thread_idx() == 0 {
-        unsafe {
-            *ticket_counter = 0;
-            *done = 0;
-        }
     }
 }
 
@@ -524,8 +593,15 @@ unsafe fn write_row_quad<T: Elem>(
     }
 }
 
-/// CUDA-core decode (any element type; used for f32): grid as [`decode_mma`] with one head block;
-/// warp `w` handles query heads `w, w + 4, …` of the group, lanes split `D` (`VPL` values each).
+/// CUDA-core decode (any element type; used for f32): grid as [`decode_mma`] with one head block
+/// per KV head.
+///
+/// # Safety
+/// As [`decode_mma`], without dynamic shared memory.
+///
+/// # Thread Mapping
+/// Warp `w` handles query heads `w, w + 4, …` of the group, one token at a time; lane `i` holds
+/// columns `[i·VPL, (i + 1)·VPL)` of the head (`VPL` = D/32).
 #[inline(always)]
 pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: bool>(p: &DecodeParams) {
     const { assert!(VPL as u32 * 32 == D) };
@@ -570,7 +646,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         }
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
-        let partial = (chunk.chunks > 1).then(|| partial_row(p, item, kv_head * group + head));
+        let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, kv_head * group + head));
         for j in 0..VPL / 4 {
             let d4 = lane * (VPL as u32 / 4) + j as u32;
             let v = [o[4 * j] * inv, o[4 * j + 1] * inv, o[4 * j + 2] * inv, o[4 * j + 3] * inv];
@@ -582,7 +658,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         }
         head += WARPS;
     }
-    if SPLIT && chunk.chunks > 1 {
+    if SPLIT && chunk.request_chunks > 1 {
         // A small merge batch keeps the streaming loop's register count low.
         let ticket = unsafe { draw_ticket(p, &chunk) };
         unsafe { finish_split::<T, D, VPL, 4>(p, &chunk, ticket, kv_head * group, group) };
@@ -617,96 +693,4 @@ unsafe fn write_row_pair<T: Elem>(
             }
         }
     }
-}
-
-/// Combines the partials (O, lse) of output row `row` (request × query head) over the request's
-/// `live` chunks (≤ 64; chunk `s` in workspace row `first_partial + s · num_qo_heads`) with one
-/// warp. The lse values (one per lane) and the first
-/// `BATCH` partial rows are loaded together, so the merge costs one round trip to L2 per `BATCH`
-/// splits; partials are summed in split order and read through L2 (`ld.global.cg`),
-/// since other CTAs of this launch wrote them.
-#[inline(always)]
-unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>(
-    p: &DecodeParams,
-    row: usize,
-    first_partial: usize,
-    live: u32,
-) {
-    let lane = thread_idx() % 32;
-    let slot = |s: u32| first_partial + s as usize * p.num_qo_heads as usize;
-    let col = (lane * VPL as u32) as usize;
-    let lse_of = |s: u32| {
-        if s < live {
-            unsafe { ld_cg_f32((p.partial_lse as *const f32).add(slot(s))) }
-        } else {
-            f32::NEG_INFINITY
-        }
-    };
-    let partials = |s0: u32| {
-        let mut v = [[0f32; VPL]; BATCH];
-        for u in 0..BATCH {
-            let s = s0 + u as u32;
-            if s < live {
-                let src = unsafe { (p.partial_o as *const f32).add(slot(s) * D as usize + col) };
-                v[u] = unsafe { ld_cg_row::<VPL>(src) };
-            }
-        }
-        v
-    };
-    let (lse_lo, lse_hi) = (lse_of(lane), lse_of(lane + 32));
-    let mut v = partials(0);
-    let m = warp_max(fmax(lse_lo, lse_hi));
-    let (w_lo, w_hi) = if m == f32::NEG_INFINITY { (0.0, 0.0) } else { (exp2(lse_lo - m), exp2(lse_hi - m)) };
-    let l = warp_sum(w_lo + w_hi);
-    let mut acc = [0f32; VPL];
-    let mut s0 = 0;
-    while s0 < live {
-        if s0 > 0 {
-            v = partials(s0);
-        }
-        for u in 0..BATCH {
-            let s = s0 + u as u32;
-            let from_lo = shfl_idx(w_lo, s % 32);
-            let from_hi = shfl_idx(w_hi, s % 32);
-            let w = if s < 32 { from_lo } else { from_hi };
-            for i in 0..VPL {
-                acc[i] += w * v[u][i];
-            }
-        }
-        s0 += BATCH as u32;
-    }
-    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-    let out = unsafe { (p.o as *mut T).add(row * D as usize + col) };
-    if VPL % 4 == 0 {
-        for j in 0..VPL / 4 {
-            let v = [acc[4 * j] * inv, acc[4 * j + 1] * inv, acc[4 * j + 2] * inv, acc[4 * j + 3] * inv];
-            unsafe { T::store4(out.add(4 * j), v) };
-        }
-    } else {
-        for i in 0..VPL {
-            unsafe { *out.add(i) = T::from_f32(acc[i] * inv) };
-        }
-    }
-    if lane == 0 {
-        let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
-        unsafe { *(p.lse as *mut f32).add(row) = lse };
-    }
-}
-
-/// `N` consecutive f32 through L2, in 16-byte loads when `N` is a multiple of 4 (the partial
-/// rows are 16-byte aligned: the workspace is, and `D * 4` and `lane * N * 4` are multiples of 16).
-#[inline(always)]
-unsafe fn ld_cg_row<const N: usize>(src: *const f32) -> [f32; N] {
-    let mut v = [0f32; N];
-    if N % 4 == 0 {
-        for j in 0..N / 4 {
-            let q = unsafe { ld_cg_v4_f32(src.add(4 * j)) };
-            v[4 * j..4 * j + 4].copy_from_slice(&q);
-        }
-    } else {
-        for i in 0..N {
-            v[i] = unsafe { ld_cg_f32(src.add(i)) };
-        }
-    }
-    v
 }

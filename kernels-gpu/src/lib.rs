@@ -35,7 +35,7 @@
 //!   `b < batch`, and `indices` only inside `[indptr[b], indptr[b + 1])` after checking
 //!   `0 ≤ indptr[b] ≤ indptr[b + 1] ≤ num_indices`; writes the one-word `status` (atomically)
 //!   and, in append mode, `slots[b]`.
-//! - `read_bandwidth`: reads `chunks` 16-byte chunks of `src`; writes at most one `u32` to
+//! - `read_bandwidth`: reads `vectors` 16-byte vectors of `src`; writes at most one `u32` to
 //!   `sink`.
 
 #![no_std]
@@ -49,6 +49,7 @@ pub mod decode;
 pub mod element;
 pub mod fp8;
 pub mod intrinsics;
+pub mod merge;
 pub mod params;
 pub mod partition;
 pub mod schedule;
@@ -148,6 +149,11 @@ pub unsafe extern "ptx-kernel" fn check_page_table(p: PageTableCheckParams) {
 /// # Safety
 /// See [`bandwidth::read_bandwidth`].
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn read_bandwidth(src: *const u8, chunks: u64, sentinel: u32, sink: *mut u32) {
-    unsafe { bandwidth::read_bandwidth(src, chunks, sentinel, sink) }
+pub unsafe extern "ptx-kernel" fn read_bandwidth(
+    src: *const u8,
+    vectors: u64,
+    sentinel: u32,
+    sink: *mut u32,
+) {
+    unsafe { bandwidth::read_bandwidth(src, vectors, sentinel, sink) }
 }

@@ -21,7 +21,7 @@
 //! `griddepcontrol.wait`.
 //!
 //! Every warp computes the whole partition on its own (lanes own contiguous runs of
-//! `ceil(batch / 32)` requests, held in registers up to [`LENS_PER_LANE`]), with shuffles only:
+//! `ceil(batch / 32)` requests, held in registers up to `LENS_PER_LANE`), with shuffles only:
 //! no shared memory and no barrier. When no request is longer than the lower bound on `C`, item
 //! `x` is request `x` and the search is skipped: one pass over the page table. A batch of one
 //! request needs neither search nor shuffles.
@@ -34,7 +34,8 @@ use crate::params::{DecodeParams, PARTITION_CACHED_BATCH};
 /// batches re-read them on every pass.
 const LENS_PER_LANE: usize = (PARTITION_CACHED_BATCH / 32) as usize;
 
-/// Token range `[begin, end)` of one chunk of request `request`.
+/// A chunk: the token range `[begin, end)` of request `request` that one CTA processes (per KV
+/// head and head block). Its *item* is its index in the partition, `0..num_chunks`.
 pub struct Chunk {
     pub request: u32,
     pub begin: u32,
@@ -42,28 +43,29 @@ pub struct Chunk {
     /// The request's first slot in `indices`, and its page count.
     pub first_index: u32,
     pub num_pages: u32,
-    /// The request's first item and its number of items; 1: this chunk is the whole request and
-    /// writes `o` directly.
+    /// The item of the request's first chunk, and the request's number of chunks; 1: this chunk
+    /// is the whole request and writes `o` directly.
     pub first_item: u32,
-    pub chunks: u32,
+    pub request_chunks: u32,
 }
 
 impl Chunk {
-    /// Item `item` of request `request` (`pages` as [`request_pages`] gives them), which owns the
-    /// `chunks` items from `first_item`, each of `chunk` tokens (the last one shorter).
+    /// The chunk of item `item` of request `request` (`pages` as [`request_pages`] gives them),
+    /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one shorter) are the items
+    /// from `first_item`.
     #[inline(always)]
     fn of_item(
         request: u32,
         pages: (u32, u32, u32),
         first_item: u32,
-        chunks: u32,
-        chunk: u32,
+        request_chunks: u32,
+        chunk_tokens: u32,
         item: u32,
     ) -> Self {
         let (first_index, num_pages, len) = pages;
-        let begin = ((item - first_item) as u64 * chunk as u64).min(len as u64) as u32;
-        let end = begin.saturating_add(chunk).min(len);
-        Chunk { request, begin, end, first_index, num_pages, first_item, chunks }
+        let begin = ((item - first_item) as u64 * chunk_tokens as u64).min(len as u64) as u32;
+        let end = begin.saturating_add(chunk_tokens).min(len);
+        Chunk { request, begin, end, first_index, num_pages, first_item, request_chunks }
     }
 }
 
@@ -87,7 +89,7 @@ pub unsafe fn request_pages(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
 #[inline(always)]
 pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
     let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
-    Chunk { request: b, begin: 0, end: len, first_index, num_pages, first_item: b, chunks: 1 }
+    Chunk { request: b, begin: 0, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
 }
 
 /// `(item, head block, head blocks)` of this CTA. Items run along grid x and head blocks along y
@@ -179,11 +181,11 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         // Every request fits one chunk of `lo` (which fits the grid): item = request.
         return (item < p.batch).then(|| unsafe { whole_request(p, item) });
     }
-    let chunk = chunk_size(lo, hi, |c| items_with(c) <= p.num_chunks);
+    let chunk_tokens = chunk_size(lo, hi, |c| items_with(c) <= p.num_chunks);
 
     // Prefix sum of the items over the lanes' request runs; the lane holding `item` broadcasts it.
     let mut mine = 0u32;
-    each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(len, chunk));
+    each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(len, chunk_tokens));
     let mut inclusive = mine;
     for d in [1, 2, 4, 8, 16] {
         let v = shfl_up_u32(inclusive, d);
@@ -197,15 +199,23 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let mut before = inclusive - mine;
     let mut found = [0u32; 6];
     each_request!(lane_requests, |b, (first_index, num_pages, len)| {
-        let n = chunks_of(len, chunk);
+        let n = chunks_of(len, chunk_tokens);
         if item >= before && item - before < n {
             found = [b, before, n, first_index, num_pages, len];
         }
         before += n
     });
     let src = ballot_sync(inclusive > item && inclusive - mine <= item).trailing_zeros();
-    let [request, first_item, chunks, first_index, num_pages, len] = found.map(|v| shfl_idx_u32(v, src));
-    Some(Chunk::of_item(request, (first_index, num_pages, len), first_item, chunks, chunk, item))
+    let [request, first_item, request_chunks, first_index, num_pages, len] =
+        found.map(|v| shfl_idx_u32(v, src));
+    Some(Chunk::of_item(
+        request,
+        (first_index, num_pages, len),
+        first_item,
+        request_chunks,
+        chunk_tokens,
+        item,
+    ))
 }
 
 /// [`find_chunk`] for a batch of one request, without shuffles: `lo` always fits (it is at least
@@ -213,13 +223,13 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
 #[inline(always)]
 unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let (first_index, num_pages, len) = unsafe { request_pages(p, 0) };
-    let (chunk, _) =
+    let (chunk_tokens, _) =
         chunk_bounds(len as u64, len, 1, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
-    let chunks = chunks_of(len, chunk);
-    if item >= chunks {
+    let request_chunks = chunks_of(len, chunk_tokens);
+    if item >= request_chunks {
         return None;
     }
-    Some(Chunk::of_item(0, (first_index, num_pages, len), 0, chunks, chunk, item))
+    Some(Chunk::of_item(0, (first_index, num_pages, len), 0, request_chunks, chunk_tokens, item))
 }
 
 /// The chunk of item `item` from the item map the schedule kernel wrote ([`crate::schedule`]),
@@ -228,11 +238,11 @@ unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
 #[inline(always)]
 pub unsafe fn mapped_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let map = p.item_map as *const u32;
-    let (items, chunk) = unsafe { (ld_cg_u32(map), ld_cg_u32(map.add(1))) };
+    let (items, chunk_tokens) = unsafe { (ld_cg_u32(map), ld_cg_u32(map.add(1))) };
     if item >= items.min(p.num_chunks) {
         return None;
     }
-    if chunk == 0 {
+    if chunk_tokens == 0 {
         return (item < p.batch).then(|| unsafe { whole_request(p, item) });
     }
     let pair = unsafe { map.add(2 + 2 * item as usize) };
@@ -240,6 +250,6 @@ pub unsafe fn mapped_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let first_item = unsafe { ld_cg_u32(pair.add(1)) }.min(item);
     let pages = unsafe { request_pages(p, request) };
     // At most the items left: partial rows stay inside the workspace whatever the map holds.
-    let chunks = chunks_of(pages.2, chunk).min(items.min(p.num_chunks) - first_item);
-    Some(Chunk::of_item(request, pages, first_item, chunks, chunk, item))
+    let request_chunks = chunks_of(pages.2, chunk_tokens).min(items.min(p.num_chunks) - first_item);
+    Some(Chunk::of_item(request, pages, first_item, request_chunks, chunk_tokens, item))
 }

@@ -7,8 +7,8 @@
 //! chunk counts) and writes an item map to the workspace, from which each decode CTA reads its
 //! item in `O(1)` ([`crate::partition::mapped_chunk`]).
 //!
-//! Item map (u32 words): `[items, chunk]`, then one `(request, first item of the request)` pair
-//! per item. `chunk == 0` means item `x` is request `x` (no request is longer than the smallest
+//! Item map (u32 words): `[items, chunk_tokens]`, then one `(request, first item of the request)`
+//! pair per item. `chunk_tokens == 0` means item `x` is request `x` (no request is longer than the smallest
 //! chunk the partition could take), and no pairs are written; `items == 0` means the page table
 //! claims more tokens than its slots hold (a corrupt `indptr`), and every decode CTA exits.
 //!
@@ -119,11 +119,11 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
     let total = block_sum_u64(total, 0);
     let longest = block_max_u32(longest, 1);
     let map = p.item_map as *mut u32;
-    let header = |items: u32, chunk: u32| {
+    let header = |items: u32, chunk_tokens: u32| {
         if thread_idx() == 0 {
             unsafe {
                 *map = items;
-                *map.add(1) = chunk;
+                *map.add(1) = chunk_tokens;
             }
         }
     };
@@ -143,7 +143,7 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
     // Every pass ends in a barrier, so alternating slots 2 and 3 never overwrite a slot that a
     // thread still reads.
     let mut pass = 0u32;
-    let chunk = chunk_size(lo, hi, |c| {
+    let chunk_tokens = chunk_size(lo, hi, |c| {
         let mut n = 0u64;
         for b in first..first + count {
             n += chunks_of(len(b), c) as u64;
@@ -153,13 +153,13 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
     });
     let mut mine = 0u32;
     for b in first..first + count {
-        mine += chunks_of(len(b), chunk);
+        mine += chunks_of(len(b), chunk_tokens);
     }
     let mut before = block_exclusive_scan_u32(mine, 4);
     let items = block_sum_u64(mine as u64, 5) as u32;
     grid_dependency_wait();
     for b in first..first + count {
-        let n = chunks_of(len(b), chunk);
+        let n = chunks_of(len(b), chunk_tokens);
         for i in 0..n {
             unsafe {
                 let pair = map.add(2 + 2 * (before + i) as usize);
@@ -169,5 +169,5 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
         }
         before += n;
     }
-    header(items, chunk);
+    header(items, chunk_tokens);
 }
