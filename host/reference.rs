@@ -130,7 +130,67 @@ pub fn decode<T: Element>(
             *dst = src.to_f64();
         }
     };
-    decode_store(desc, q, g, |r, row| widen(k_data, r, row), |r, row| widen(v_data, r, row), table)
+    let (k_row, v_row) =
+        (|r, row: &mut [f64]| widen(k_data, r, row), |r, row: &mut [f64]| widen(v_data, r, row));
+    decode_store(desc, &AttentionVariant::default(), q, g, k_row, v_row, table)
+}
+
+/// Attention variants of [`decode_variant`]; the default is plain softmax attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionVariant<'a> {
+    /// Logits soft-cap (Gemma 2): every scaled logit `s` becomes `cap · tanh(s / cap)` before the
+    /// softmax (and in `lse`). Finite and positive.
+    pub logits_soft_cap: Option<f32>,
+    /// Sliding window: a request of `len` tokens attends to its last `window_left + 1` tokens,
+    /// `t ≥ len - 1 - window_left` (the query is the token at `len - 1`); `None` attends to all.
+    pub window_left: Option<u32>,
+    /// Attention sinks (gpt-oss), `[num_qo_heads]`: a learned logit per query head, in the scaled
+    /// logits' domain, that joins the softmax's denominator with no value: `o = Σ_t e^{s_t} v_t /
+    /// (Σ_t e^{s_t} + e^{sink})` and `lse = log2(Σ_t e^{s_t} + e^{sink})`, so a request with no
+    /// token (or none in its window) gets `o = 0` and `lse = sink · log2(e)`. `-inf` is no sink;
+    /// NaN is refused.
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl AttentionVariant<'_> {
+    fn check(&self, qo_heads: usize) -> Result<()> {
+        if let Some(cap) = self.logits_soft_cap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(invalid(format!("logits_soft_cap = {cap} must be finite and positive")));
+        }
+        if let Some(sinks) = self.sinks {
+            check_len("sinks", sinks.len(), qo_heads, "[num_qo_heads]")?;
+            if let Some(h) = sinks.iter().position(|s| s.is_nan()) {
+                return Err(invalid(format!("sinks[{h}] is NaN")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`decode`] with an [`AttentionVariant`]: logits soft-cap, sliding window and attention
+/// sinks, alone or combined (the cap applies to the tokens' logits, not to the sinks). The
+/// requirements are those of [`decode`], plus a finite positive cap and one non-NaN sink per
+/// query head.
+pub fn decode_variant<T: Element>(
+    desc: &BatchPagedDecodeDescriptor,
+    variant: AttentionVariant<'_>,
+    q: &[T],
+    k_data: &[T],
+    v_data: &[T],
+    table: PageTable<'_>,
+) -> Result<DecodeOutput> {
+    let g = check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
+    let widen = |data: &[T], r: usize, row: &mut [f64]| {
+        let n = row.len();
+        for (dst, src) in row.iter_mut().zip(&data[r..r + n]) {
+            *dst = src.to_f64();
+        }
+    };
+    let (k_row, v_row) =
+        (|r, row: &mut [f64]| widen(k_data, r, row), |r, row: &mut [f64]| widen(v_data, r, row));
+    decode_store(desc, &variant, q, g, k_row, v_row, table)
 }
 
 /// Dequantization scales of an FP8 K/V cache: a stored key code `c` stands for
@@ -187,6 +247,7 @@ pub fn decode_fp8<T: Element>(
     };
     decode_store(
         desc,
+        &AttentionVariant::default(),
         q,
         g,
         |r, row| dequantize(k_data, scales.k_scale, r, row),
@@ -199,6 +260,7 @@ pub fn decode_fp8<T: Element>(
 /// element offset, `head_dim` long) `k_row` / `v_row` write into an f64 row.
 fn decode_store<T: Element>(
     desc: &BatchPagedDecodeDescriptor,
+    variant: &AttentionVariant<'_>,
     q: &[T],
     g: KvGeometry,
     k_row: impl Fn(usize, &mut [f64]),
@@ -220,6 +282,7 @@ fn decode_store<T: Element>(
     let q_len = product("q", &[batch, qo_heads, d])?;
     check_len("q", q.len(), q_len, "[batch_size, num_qo_heads, head_dim]")?;
     validate_page_table(&desc.paged_kv, batch, table, PageTableRules { allow_shared_pages: true })?;
+    variant.check(qo_heads)?;
 
     if batch == 0 {
         return Ok(DecodeOutput { o: Vec::new(), lse: Vec::new() });
@@ -232,14 +295,21 @@ fn decode_store<T: Element>(
     let mut row = vec![0.0; d];
     let mut p = Vec::new();
     let mut sums = vec![0.0; group];
+    let sink = |qh: usize| variant.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[qh]));
+    let cap = variant.logits_soft_cap.map(f64::from);
     for b in 0..batch {
         let len = table.request_len(b, g.page_size);
-        if len == 0 {
+        // The attended tokens: the window's, `[first_token, len)`.
+        let first_token = variant.window_left.map_or(0, |w| len.saturating_sub(w as usize + 1));
+        let n = len - first_token;
+        if n == 0 {
+            for (qh, l) in lse[b * qo_heads..(b + 1) * qo_heads].iter_mut().enumerate() {
+                *l = sink(qh) / LN_2;
+            }
             continue;
         }
-        let p_len = len
-            .checked_mul(group)
-            .ok_or_else(|| invalid(format!("request {b}: {len} tokens is too many")))?;
+        let p_len =
+            n.checked_mul(group).ok_or_else(|| invalid(format!("request {b}: {len} tokens is too many")))?;
         let first = table.indptr[b] as usize;
         let token_row = |h: usize, t: usize| {
             let page = table.indices[first + t / g.page_size] as usize;
@@ -250,18 +320,20 @@ fn decode_store<T: Element>(
             for (dst, src) in qs.iter_mut().zip(&q[heads * d..(heads + group) * d]) {
                 *dst = src.to_f64();
             }
-            // Logits, laid out [query head of the group][token].
+            // Logits, laid out [query head of the group][attended token].
             p.clear();
             p.resize(p_len, 0.0);
-            for t in 0..len {
-                k_row(token_row(h, t), &mut row);
+            for t in 0..n {
+                k_row(token_row(h, first_token + t), &mut row);
                 for (j, qrow) in qs.chunks_exact(d).enumerate() {
-                    p[j * len + t] = scale * dot(qrow, &row);
+                    let s = scale * dot(qrow, &row);
+                    p[j * n + t] = cap.map_or(s, |c| c * (s / c).tanh());
                 }
             }
-            for (j, s) in p.chunks_exact_mut(len).enumerate() {
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let mut sum = 0.0;
+            for (j, s) in p.chunks_exact_mut(n).enumerate() {
+                let sink = sink(h * group + j);
+                let m = s.iter().copied().fold(sink, f64::max);
+                let mut sum = (sink - m).exp();
                 for x in s.iter_mut() {
                     *x = (*x - m).exp();
                     sum += *x;
@@ -270,10 +342,10 @@ fn decode_store<T: Element>(
                 lse[heads + j] = m / LN_2 + sum.log2();
             }
             let out = &mut o[heads * d..(heads + group) * d];
-            for t in 0..len {
-                v_row(token_row(h, t), &mut row);
+            for t in 0..n {
+                v_row(token_row(h, first_token + t), &mut row);
                 for (j, orow) in out.chunks_exact_mut(d).enumerate() {
-                    let pt = p[j * len + t];
+                    let pt = p[j * n + t];
                     for (oi, vi) in orow.iter_mut().zip(&row) {
                         *oi += pt * vi;
                     }

@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
 use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
-use paged_decode::reference::{self, KvScales, PageTable};
+use paged_decode::reference::{self, AttentionVariant, KvScales, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
     BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Element, ElementKind,
@@ -807,6 +807,23 @@ proptest! {
     ) {
         let element = if e4m3 { ElementKind::E4M3 } else { ElementKind::E5M2 };
         reference_fp8(&c, element, KvScales { k_scale, v_scale })?;
+    }
+
+    #[test]
+    fn reference_variants_never_panic(
+        c in ref_case(),
+        cap in prop::option::of(any::<f32>()),
+        window in prop::option::of(prop_oneof![0..70u32, any::<u32>()]),
+        sinks in prop::option::of(prop::collection::vec(any::<f32>(), 0..70)),
+    ) {
+        let mut desc = c.desc;
+        desc.paged_kv.element = ElementKind::F32;
+        let (indptr, indices, last_page_len) = &c.table;
+        let table = PageTable { indptr, indices, last_page_len };
+        let variant = AttentionVariant { logits_soft_cap: cap, window_left: window, sinks: sinks.as_deref() };
+        let r = reference::decode_variant::<f32>(&desc, variant, &c.q, &c.k, &c.v, table).map(|_| ());
+        let typed = matches!(r, Ok(()) | Err(Error::InvalidProblem(_) | Error::InvalidPageTable(_)));
+        prop_assert!(typed, "{r:?}");
     }
 
     #[test]

@@ -7,7 +7,10 @@ use std::f64::consts::LN_2;
 use half::{bf16, f16};
 use paged_decode::fp8::{f32_to_fp8, fp8_to_f32};
 use paged_decode::page_table::{PageTableRules, validate_page_table};
-use paged_decode::reference::{DecodeOutput, KvScales, PageTable, append, append_fp8, decode, decode_fp8};
+use paged_decode::reference::{
+    AttentionVariant, DecodeOutput, KvScales, PageTable, append, append_fp8, decode, decode_fp8,
+    decode_variant,
+};
 use paged_decode::{
     BatchPagedDecodeDescriptor, Element, ElementKind, Error, PagedKvAppendDescriptor, PagedKvCacheDescriptor,
     Result,
@@ -889,4 +892,114 @@ fn fp8_entry_points_reject_other_stores_and_bad_scales() {
     // The 16-bit reference refuses an FP8 descriptor.
     let r = decode(&fp8.desc, &fp8.q, &fp8.k, &fp8.v, fp8.table());
     assert!(matches!(r, Err(Error::InvalidProblem(_))), "{r:?}");
+}
+
+// Attention variants: logits soft-cap, sliding window, attention sinks.
+
+/// `o` and `lse` of request `b`, query head `qh` computed the naive way for `variant`.
+fn naive_variant(c: &Case<f32>, variant: &AttentionVariant<'_>, b: usize, qh: usize) -> (Vec<f64>, f64) {
+    let ps = c.kv().page_size as usize;
+    let pages = (c.indptr[b + 1] - c.indptr[b]) as usize;
+    let len = if pages == 0 { 0 } else { (pages - 1) * ps + c.last[b] as usize };
+    let first = variant.window_left.map_or(0, |w| len.saturating_sub(w as usize + 1));
+    let logit = |t: usize| {
+        let s = c.logit(b, qh, t);
+        variant.logits_soft_cap.map_or(s, |cap| f64::from(cap) * (s / f64::from(cap)).tanh())
+    };
+    let sink = variant.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[qh]));
+    let weights: Vec<f64> = (first..len).map(|t| logit(t).exp()).collect();
+    let denominator = weights.iter().sum::<f64>() + sink.exp();
+    let mut o = vec![0.0; c.d()];
+    for (t, w) in (first..len).zip(&weights) {
+        let (_, v) = c.kv_row(b, qh / c.group(), t);
+        for (oi, vi) in o.iter_mut().zip(v) {
+            *oi += w * f64::from(*vi) / denominator;
+        }
+    }
+    (o, denominator.ln() / LN_2)
+}
+
+fn check_variant(c: &Case<f32>, variant: AttentionVariant<'_>) {
+    let got = decode_variant(&c.desc, variant, &c.q, &c.k, &c.v, c.table()).unwrap();
+    let (hq, d) = (c.hq(), c.d());
+    for b in 0..c.desc.batch_size as usize {
+        for qh in 0..hq {
+            let (o, lse) = naive_variant(c, &variant, b, qh);
+            let row = (b * hq + qh) * d;
+            for (i, (x, y)) in got.o[row..row + d].iter().zip(&o).enumerate() {
+                assert!(close(*x, *y, 1e-9), "{variant:?} b {b} qh {qh} o[{i}]: {x} vs {y}");
+            }
+            let l = got.lse[b * hq + qh];
+            assert!(l == lse || close(l, lse, 1e-9), "{variant:?} b {b} qh {qh} lse: {l} vs {lse}");
+        }
+    }
+}
+
+#[test]
+fn variants_match_the_naive_softmax() {
+    let mut rng = SmallRng::seed_from_u64(71);
+    let c = random_case::<f32>(&mut rng, &[0, 1, 5, 16, 17, 60], 8, 2, 64, 16, 2);
+    let sinks: Vec<f32> = (0..8).map(|h| [-1.0, 0.0, 2.5, f32::NEG_INFINITY][h % 4]).collect();
+    for cap in [None, Some(1.0), Some(30.0), Some(100.0)] {
+        for window in [None, Some(0), Some(3), Some(15), Some(16), Some(1000)] {
+            for sinks in [None, Some(&sinks[..])] {
+                check_variant(&c, AttentionVariant { logits_soft_cap: cap, window_left: window, sinks });
+            }
+        }
+    }
+}
+
+#[test]
+fn variants_reduce_to_plain_attention_at_their_limits() {
+    let mut rng = SmallRng::seed_from_u64(72);
+    let c = random_case::<f32>(&mut rng, &[3, 40, 0, 17], 4, 1, 64, 8, 1);
+    let plain = c.decode();
+    let no_sinks = vec![f32::NEG_INFINITY; 4];
+    for variant in [
+        AttentionVariant::default(),
+        AttentionVariant { window_left: Some(40), ..Default::default() },
+        AttentionVariant { window_left: Some(u32::MAX), ..Default::default() },
+        AttentionVariant { sinks: Some(&no_sinks), ..Default::default() },
+    ] {
+        assert_eq!(
+            decode_variant(&c.desc, variant, &c.q, &c.k, &c.v, c.table()).unwrap(),
+            plain,
+            "{variant:?}"
+        );
+    }
+    // A cap far above every logit changes them by less than (s/cap)² relatively.
+    let capped = AttentionVariant { logits_soft_cap: Some(1e6), ..Default::default() };
+    assert_same(&decode_variant(&c.desc, capped, &c.q, &c.k, &c.v, c.table()).unwrap(), &plain, 1e-9);
+    // A window of one token returns that token's value; an empty request with a sink gets the
+    // sink as its lse.
+    let last = AttentionVariant { window_left: Some(0), ..Default::default() };
+    let out = decode_variant(&c.desc, last, &c.q, &c.k, &c.v, c.table()).unwrap();
+    let (_, v) = c.kv_row(1, 0, 39);
+    let d = c.d();
+    assert!(out.o[4 * d..5 * d].iter().zip(v).all(|(x, y)| close(*x, f64::from(*y), 1e-12)));
+    let sinks = [0.5f32, -2.0, 3.0, 1.0];
+    let with_sinks = AttentionVariant { sinks: Some(&sinks), ..Default::default() };
+    let out = decode_variant(&c.desc, with_sinks, &c.q, &c.k, &c.v, c.table()).unwrap();
+    for (qh, &sink) in sinks.iter().enumerate() {
+        assert_eq!(out.lse[2 * 4 + qh], f64::from(sink) / LN_2);
+        assert!(out.o[(2 * 4 + qh) * d..(2 * 4 + qh + 1) * d].iter().all(|&x| x == 0.0));
+    }
+}
+
+#[test]
+fn variants_reject_bad_parameters() {
+    let mut rng = SmallRng::seed_from_u64(73);
+    let c = random_case::<f32>(&mut rng, &[3, 4], 4, 2, 64, 8, 0);
+    let short = [0.0f32; 3];
+    let nan = [0.0, f32::NAN, 0.0, 0.0];
+    for variant in [
+        AttentionVariant { logits_soft_cap: Some(0.0), ..Default::default() },
+        AttentionVariant { logits_soft_cap: Some(-1.0), ..Default::default() },
+        AttentionVariant { logits_soft_cap: Some(f32::INFINITY), ..Default::default() },
+        AttentionVariant { sinks: Some(&short), ..Default::default() },
+        AttentionVariant { sinks: Some(&nan), ..Default::default() },
+    ] {
+        let r = decode_variant(&c.desc, variant, &c.q, &c.k, &c.v, c.table());
+        assert!(matches!(r, Err(Error::InvalidProblem(_))), "{variant:?}: {r:?}");
+    }
 }
