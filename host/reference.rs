@@ -123,16 +123,7 @@ pub fn decode<T: Element>(
     v_data: &[T],
     table: PageTable<'_>,
 ) -> Result<DecodeOutput> {
-    let g = check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
-    let widen = |data: &[T], r: usize, row: &mut [f64]| {
-        let n = row.len();
-        for (dst, src) in row.iter_mut().zip(&data[r..r + n]) {
-            *dst = src.to_f64();
-        }
-    };
-    let (k_row, v_row) =
-        (|r, row: &mut [f64]| widen(k_data, r, row), |r, row: &mut [f64]| widen(v_data, r, row));
-    decode_store(desc, &AttentionVariant::default(), q, g, k_row, v_row, table)
+    decode_variant(desc, AttentionVariant::default(), q, k_data, v_data, table)
 }
 
 /// Attention variants of [`decode_variant`]; the default is plain softmax attention.
