@@ -172,15 +172,110 @@ pub fn decode_variant<T: Element>(
     v_data: &[T],
     table: PageTable<'_>,
 ) -> Result<DecodeOutput> {
-    let g = check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
-    let widen = |data: &[T], r: usize, row: &mut [f64]| {
+    check_kv::<T>(&desc.paged_kv, k_data.len(), v_data.len())?;
+    let (k, v) = (KvView::hnd(k_data, &desc.paged_kv), KvView::hnd(v_data, &desc.paged_kv));
+    decode_strided(desc, variant, q, k, v, table)
+}
+
+/// A paged K or V store with any strides, in elements, on its page, KV head and token axes; each
+/// row of `head_dim` elements is contiguous. Row `(page, head, slot)` starts at `offset + page ·
+/// page_stride + head · head_stride + slot · token_stride`. This covers HND, NHD
+/// (`[pages, page_size, kv_heads, D]`), K and V interleaved per page (vLLM's `[blocks, 2,
+/// block_size, kv_heads, D]`, or FlashInfer's `[pages, 2, …]` tensor: one view per half, the V
+/// one offset by a half page) and page pools shared between layers (a larger page stride).
+#[derive(Clone, Copy, Debug)]
+pub struct KvView<'a, T> {
+    /// The elements the view reads from.
+    pub data: &'a [T],
+    /// Element offset of row (0, 0, 0).
+    pub offset: usize,
+    /// Elements between consecutive pages.
+    pub page_stride: usize,
+    /// Elements between consecutive KV heads of a page.
+    pub head_stride: usize,
+    /// Elements between consecutive tokens of a page.
+    pub token_stride: usize,
+}
+
+impl<'a, T> KvView<'a, T> {
+    /// `data` as a contiguous `[pages, kv_heads, page_size, head_dim]` (HND) store.
+    pub fn hnd(data: &'a [T], kv: &PagedKvCacheDescriptor) -> Self {
+        let (heads, ps, d) =
+            (kv.num_kv_heads.max(0) as usize, kv.page_size.max(0) as usize, kv.head_dim.max(0) as usize);
+        Self { data, offset: 0, page_stride: heads * ps * d, head_stride: ps * d, token_stride: d }
+    }
+
+    /// `data` as a contiguous `[pages, page_size, kv_heads, head_dim]` (NHD) store.
+    pub fn nhd(data: &'a [T], kv: &PagedKvCacheDescriptor) -> Self {
+        let (heads, ps, d) =
+            (kv.num_kv_heads.max(0) as usize, kv.page_size.max(0) as usize, kv.head_dim.max(0) as usize);
+        Self { data, offset: 0, page_stride: ps * heads * d, head_stride: d, token_stride: heads * d }
+    }
+
+    /// Element offset of row `(page, head, slot)`.
+    fn row(&self, page: usize, head: usize, slot: usize) -> usize {
+        self.offset + page * self.page_stride + head * self.head_stride + slot * self.token_stride
+    }
+
+    /// Checks that every row of the store `g` describes, `pages` pages, lies inside `data`.
+    fn check(&self, name: &str, g: KvGeometry, pages: usize) -> Result<()> {
+        if pages == 0 {
+            return Ok(());
+        }
+        let far = [
+            (pages - 1, self.page_stride),
+            (g.kv_heads - 1, self.head_stride),
+            (g.page_size - 1, self.token_stride),
+        ]
+        .iter()
+        .try_fold(self.offset, |acc, &(n, stride)| n.checked_mul(stride).and_then(|x| acc.checked_add(x)))
+        .and_then(|last| last.checked_add(g.head_dim));
+        match far {
+            Some(end) if end <= self.data.len() => Ok(()),
+            _ => Err(invalid(format!(
+                "{name}: the view (offset {}, strides {} / {} / {}) reaches past its {} elements",
+                self.offset,
+                self.page_stride,
+                self.head_stride,
+                self.token_stride,
+                self.data.len()
+            ))),
+        }
+    }
+}
+
+/// [`decode_variant`] over K and V stores of any strides ([`KvView`]). The requirements are those
+/// of [`decode_variant`], except that each view must keep every row of the descriptor's
+/// `num_total_pages` pages inside its data (instead of an exact length).
+pub fn decode_strided<T: Element>(
+    desc: &BatchPagedDecodeDescriptor,
+    variant: AttentionVariant<'_>,
+    q: &[T],
+    k: KvView<'_, T>,
+    v: KvView<'_, T>,
+    table: PageTable<'_>,
+) -> Result<DecodeOutput> {
+    let kv = &desc.paged_kv;
+    if kv.element != T::KIND {
+        return Err(invalid(format!("paged_kv.element is {:?} but the data is {:?}", kv.element, T::KIND)));
+    }
+    let g = KvGeometry {
+        page_size: extent("paged_kv.page_size", kv.page_size, 1)?,
+        kv_heads: extent("paged_kv.num_kv_heads", kv.num_kv_heads, 1)?,
+        head_dim: extent("paged_kv.head_dim", kv.head_dim, 1)?,
+    };
+    let pages = extent("paged_kv.num_total_pages", kv.num_total_pages, 0)?;
+    k.check("k_data", g, pages)?;
+    v.check("v_data", g, pages)?;
+    let widen = |view: &KvView<'_, T>, page: usize, h: usize, slot: usize, row: &mut [f64]| {
+        let r = view.row(page, h, slot);
         let n = row.len();
-        for (dst, src) in row.iter_mut().zip(&data[r..r + n]) {
+        for (dst, src) in row.iter_mut().zip(&view.data[r..r + n]) {
             *dst = src.to_f64();
         }
     };
-    let (k_row, v_row) =
-        (|r, row: &mut [f64]| widen(k_data, r, row), |r, row: &mut [f64]| widen(v_data, r, row));
+    let k_row = |page, h, slot, row: &mut [f64]| widen(&k, page, h, slot, row);
+    let v_row = |page, h, slot, row: &mut [f64]| widen(&v, page, h, slot, row);
     decode_store(desc, &variant, q, g, k_row, v_row, table)
 }
 
@@ -241,8 +336,8 @@ pub fn decode_fp8<T: Element>(
         &AttentionVariant::default(),
         q,
         g,
-        |r, row| dequantize(k_data, scales.k_scale, r, row),
-        |r, row| dequantize(v_data, scales.v_scale, r, row),
+        |page, h, slot, row| dequantize(k_data, scales.k_scale, g.row(page, h, slot), row),
+        |page, h, slot, row| dequantize(v_data, scales.v_scale, g.row(page, h, slot), row),
         table,
     )
 }
@@ -254,8 +349,8 @@ fn decode_store<T: Element>(
     variant: &AttentionVariant<'_>,
     q: &[T],
     g: KvGeometry,
-    k_row: impl Fn(usize, &mut [f64]),
-    v_row: impl Fn(usize, &mut [f64]),
+    k_row: impl Fn(usize, usize, usize, &mut [f64]),
+    v_row: impl Fn(usize, usize, usize, &mut [f64]),
     table: PageTable<'_>,
 ) -> Result<DecodeOutput> {
     let batch = extent("batch_size", desc.batch_size, 0)?;
@@ -302,10 +397,9 @@ fn decode_store<T: Element>(
         let p_len =
             n.checked_mul(group).ok_or_else(|| invalid(format!("request {b}: {len} tokens is too many")))?;
         let first = table.indptr[b] as usize;
-        let token_row = |h: usize, t: usize| {
-            let page = table.indices[first + t / g.page_size] as usize;
-            g.row(page, h, t % g.page_size)
-        };
+        // (page, KV head, slot) of token `t` of this request.
+        let token_row =
+            |h: usize, t: usize| (table.indices[first + t / g.page_size] as usize, h, t % g.page_size);
         for h in 0..g.kv_heads {
             let heads = b * qo_heads + h * group;
             for (dst, src) in qs.iter_mut().zip(&q[heads * d..(heads + group) * d]) {
@@ -315,7 +409,8 @@ fn decode_store<T: Element>(
             p.clear();
             p.resize(p_len, 0.0);
             for t in 0..n {
-                k_row(token_row(h, first_token + t), &mut row);
+                let (page, h, slot) = token_row(h, first_token + t);
+                k_row(page, h, slot, &mut row);
                 for (j, qrow) in qs.chunks_exact(d).enumerate() {
                     let s = scale * dot(qrow, &row);
                     p[j * n + t] = cap.map_or(s, |c| c * (s / c).tanh());
@@ -334,7 +429,8 @@ fn decode_store<T: Element>(
             }
             let out = &mut o[heads * d..(heads + group) * d];
             for t in 0..n {
-                v_row(token_row(h, first_token + t), &mut row);
+                let (page, h, slot) = token_row(h, first_token + t);
+                v_row(page, h, slot, &mut row);
                 for (j, orow) in out.chunks_exact_mut(d).enumerate() {
                     let pt = p[j * n + t];
                     for (oi, vi) in orow.iter_mut().zip(&row) {

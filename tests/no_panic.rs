@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
 use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
-use paged_decode::reference::{self, AttentionVariant, KvScales, PageTable};
+use paged_decode::reference::{self, AttentionVariant, KvScales, KvView, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
     BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Element, ElementKind,
@@ -822,6 +822,21 @@ proptest! {
         let table = PageTable { indptr, indices, last_page_len };
         let variant = AttentionVariant { logits_soft_cap: cap, window_left: window, sinks: sinks.as_deref() };
         let r = reference::decode_variant::<f32>(&desc, variant, &c.q, &c.k, &c.v, table).map(|_| ());
+        let typed = matches!(r, Ok(()) | Err(Error::InvalidProblem(_) | Error::InvalidPageTable(_)));
+        prop_assert!(typed, "{r:?}");
+    }
+
+    #[test]
+    fn reference_strided_never_panics(
+        c in ref_case(),
+        strides in prop::collection::vec(prop_oneof![0..5000usize, any::<usize>()], 4),
+    ) {
+        let mut desc = c.desc;
+        desc.paged_kv.element = ElementKind::F32;
+        let (indptr, indices, last_page_len) = &c.table;
+        let table = PageTable { indptr, indices, last_page_len };
+        let view = |data| KvView { data, offset: strides[0], page_stride: strides[1], head_stride: strides[2], token_stride: strides[3] };
+        let r = reference::decode_strided::<f32>(&desc, AttentionVariant::default(), &c.q, view(&c.k), view(&c.v), table).map(|_| ());
         let typed = matches!(r, Ok(()) | Err(Error::InvalidProblem(_) | Error::InvalidPageTable(_)));
         prop_assert!(typed, "{r:?}");
     }

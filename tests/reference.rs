@@ -8,8 +8,8 @@ use half::{bf16, f16};
 use paged_decode::fp8::{f32_to_fp8, fp8_to_f32};
 use paged_decode::page_table::{PageTableRules, validate_page_table};
 use paged_decode::reference::{
-    AttentionVariant, DecodeOutput, KvScales, PageTable, append, append_fp8, decode, decode_fp8,
-    decode_variant,
+    AttentionVariant, DecodeOutput, KvScales, KvView, PageTable, append, append_fp8, decode, decode_fp8,
+    decode_strided, decode_variant,
 };
 use paged_decode::{
     BatchPagedDecodeDescriptor, Element, ElementKind, Error, PagedKvAppendDescriptor, PagedKvCacheDescriptor,
@@ -1002,4 +1002,71 @@ fn variants_reject_bad_parameters() {
         let r = decode_variant(&c.desc, variant, &c.q, &c.k, &c.v, c.table());
         assert!(matches!(r, Err(Error::InvalidProblem(_))), "{variant:?}: {r:?}");
     }
+}
+
+// Strided K/V stores: NHD, K and V interleaved per page, pools with a page stride.
+
+#[test]
+fn strided_stores_decode_as_the_contiguous_one() {
+    let mut rng = SmallRng::seed_from_u64(81);
+    let c = random_case::<f32>(&mut rng, &[0, 1, 9, 33, 70], 8, 2, 64, 16, 2);
+    let kv = c.kv();
+    let (pages, heads, ps, d) =
+        (kv.num_total_pages as usize, kv.num_kv_heads as usize, kv.page_size as usize, kv.head_dim as usize);
+    let variant = AttentionVariant { window_left: Some(20), ..Default::default() };
+    let expected = decode_variant(&c.desc, variant, &c.q, &c.k, &c.v, c.table()).unwrap();
+    let row = |store: &[f32], p: usize, h: usize, t: usize| {
+        let r = store_row(&kv, p, h, t);
+        store[r..r + d].to_vec()
+    };
+    // NHD: [pages, page_size, heads, d].
+    let nhd = |store: &[f32]| -> Vec<f32> {
+        let mut out = Vec::new();
+        for p in 0..pages {
+            for t in 0..ps {
+                for h in 0..heads {
+                    out.extend(row(store, p, h, t));
+                }
+            }
+        }
+        out
+    };
+    let (k_nhd, v_nhd) = (nhd(&c.k), nhd(&c.v));
+    let got =
+        decode_strided(&c.desc, variant, &c.q, KvView::nhd(&k_nhd, &kv), KvView::nhd(&v_nhd, &kv), c.table());
+    assert_eq!(got.unwrap(), expected, "NHD");
+    // vLLM: one tensor [blocks, 2, block_size, heads, d], in a pool whose pages are 3 layers apart.
+    let layers = 3;
+    let page_elems = 2 * ps * heads * d;
+    let mut pool = vec![f32::NAN; pages * layers * page_elems];
+    for p in 0..pages {
+        for t in 0..ps {
+            for h in 0..heads {
+                let at = (p * layers + 1) * page_elems + (t * heads + h) * d;
+                pool[at..at + d].copy_from_slice(&row(&c.k, p, h, t));
+                let at = at + ps * heads * d;
+                pool[at..at + d].copy_from_slice(&row(&c.v, p, h, t));
+            }
+        }
+    }
+    let view = |offset: usize| KvView {
+        data: &pool,
+        offset,
+        page_stride: layers * page_elems,
+        head_stride: d,
+        token_stride: heads * d,
+    };
+    let (k, v) = (view(page_elems), view(page_elems + ps * heads * d));
+    assert_eq!(
+        decode_strided(&c.desc, variant, &c.q, k, v, c.table()).unwrap(),
+        expected,
+        "interleaved pool"
+    );
+    // A view that reaches past its data is refused.
+    let short = KvView { data: &pool[..pool.len() - 1], ..view(page_elems + (layers - 1) * page_elems) };
+    let r = decode_strided(&c.desc, variant, &c.q, k, short, c.table());
+    assert!(matches!(r, Err(Error::InvalidProblem(_))), "{r:?}");
+    let huge = KvView { page_stride: usize::MAX / 2, ..k };
+    let r = decode_strided(&c.desc, variant, &c.q, huge, v, c.table());
+    assert!(matches!(r, Err(Error::InvalidProblem(_))), "{r:?}");
 }
