@@ -294,6 +294,10 @@ impl<T: Element> DeviceProblem<T> {
 
     /// As [`Self::args_and_workspace`], with the queries read from `q` (same shape) when given,
     /// e.g. the output of another problem.
+    ///
+    /// The workspace is the problem's own, allocated zeroed by [`Self::upload`] for one plan:
+    /// use a problem with plans of one split state (one batch size and head count), as the
+    /// tests and the bench do, or zero `self.workspace` again in between.
     pub fn args_and_workspace_with_q<'a>(
         &'a mut self,
         q: Option<CudaView<'a, T>>,
@@ -310,6 +314,8 @@ impl<T: Element> DeviceProblem<T> {
             o: TensorMut::new(self.o.slice_mut(..), [b, hq, d]),
             lse: TensorMut::new(self.lse.slice_mut(..), [b, hq]),
         };
+        // SAFETY: `upload` allocates the workspace zeroed, and the plans that use it (one split
+        // state, as documented above) leave their counters zero after every launch.
         (args, unsafe { Workspace::assume_zeroed(self.workspace.slice_mut(..)) })
     }
 

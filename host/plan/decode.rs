@@ -361,9 +361,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         }
         let num_indices = args.indices.shape[0].max(0) as u32;
         let path = self.path(num_indices as usize);
-        let lean = self.config.lean.filter(|_| path == DecodePath::Lean);
         let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
-        let chunks = self.config.launched_chunks(&self.desc, num_indices as usize);
         let layout = self.config.workspace_layout(&self.desc);
         if split {
             workspace.bind_split_state(layout.state_bytes)?;
@@ -412,12 +410,24 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             // scheduled partition is known only after it.
             prefetch_ctas: if self.programmatic && !scheduled { self.config.wave_ctas } else { 0 },
         };
-        let (head_blocks, smem_bytes) = match (lean, &self.lean_fn) {
-            (Some(l), Some(_)) => (l.head_blocks, l.smem_bytes),
-            _ => (self.config.head_blocks, self.config.smem_bytes),
-        };
+        // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
+        // block: one per request unless the requests are split.
+        let (decode_fn, head_blocks, smem_bytes) =
+            match (path, self.config.lean, &self.lean_fn, &self.whole_fn) {
+                (DecodePath::Lean, Some(lean), Some(lean_fn), _) => {
+                    (lean_fn, lean.head_blocks, lean.smem_bytes)
+                }
+                (DecodePath::Whole, _, _, Some(whole)) => {
+                    (whole, self.config.head_blocks, self.config.smem_bytes)
+                }
+                _ => (&self.decode_fn, self.config.head_blocks, self.config.smem_bytes),
+            };
         let head_blocks = kv.num_kv_heads as u32 * head_blocks;
-        let chunks = if split { chunks } else { self.desc.batch_size as u32 };
+        let chunks = if split {
+            self.config.launched_chunks(&self.desc, num_indices as usize)
+        } else {
+            self.desc.batch_size as u32
+        };
         let cfg = LaunchConfig {
             // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
             // otherwise x runs over the chunks (the requests, unsplit).
@@ -440,11 +450,6 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             // inside the workspace `workspace_size()` covers.
             unsafe { device::launch(stream, schedule, one_cta, &p, self.programmatic)? };
         }
-        let decode_fn = match (&self.lean_fn, &self.whole_fn) {
-            (Some(lean_fn), _) if lean.is_some() => lean_fn,
-            (_, Some(whole)) if !split => whole,
-            _ => &self.decode_fn,
-        };
         // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
         // descriptor, and the workspace holds `workspace_size()` bytes; `programmatic` implies
         // the sm_90 PTX.
