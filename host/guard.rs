@@ -40,7 +40,7 @@ impl Workspace<'_> {
     }
 }
 
-impl<T> BatchPagedDecodeArgs<'_, T> {
+impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
     /// [`Error::WrongDevice`] naming the first tensor that does not live in `ctx`.
     pub(crate) fn check_context(&self, ctx: &CudaContext) -> Result<()> {
         same_context(ctx, "q", self.q.context())?;
@@ -60,7 +60,7 @@ impl<T> BatchPagedDecodeArgs<'_, T> {
     }
 }
 
-impl<T> PagedKvAppendArgs<'_, T> {
+impl<T, C> PagedKvAppendArgs<'_, T, C> {
     /// [`Error::WrongDevice`] naming the first tensor that does not live in `ctx`.
     pub(crate) fn check_context(&self, ctx: &CudaContext) -> Result<()> {
         same_context(ctx, "key", self.key.context())?;

@@ -159,6 +159,7 @@ mod fp8_tests;
 pub use cudarc;
 pub use device::Device;
 pub use error::{Error, Result};
+pub use float8;
 pub use half;
 pub use plan::{
     BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, DecodePath, PagedKvAppendArgs,

@@ -42,5 +42,11 @@ pub fn entries(ptx: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Entry points the host launches ([`entry::all`]); the build must provide all of them.
+/// Entry points the host launches from the portable build ([`entry::all`]); it must provide all
+/// of them, and the sm_90 build these and [`entry::sm90_only`] ([`expected_entries`]).
 pub static EXPECTED_ENTRIES: LazyLock<Vec<String>> = LazyLock::new(entry::all);
+
+/// The entry points the build of a device of compute capability `cc` must provide.
+pub fn expected_entries(cc: (u32, u32)) -> Vec<String> {
+    entry::of_build(cc)
+}

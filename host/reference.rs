@@ -279,29 +279,7 @@ pub fn decode_strided<T: Element>(
     decode_store(desc, &variant, q, g, k_row, v_row, table)
 }
 
-/// Dequantization scales of an FP8 K/V cache: a stored key code `c` stands for
-/// `k_scale · fp8(c)`, a value code for `v_scale · fp8(c)` (per tensor).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct KvScales {
-    /// Scale of the keys.
-    pub k_scale: f32,
-    /// Scale of the values.
-    pub v_scale: f32,
-}
-
-impl KvScales {
-    /// Scales of 1: the codes are the values.
-    pub const ONE: Self = Self { k_scale: 1.0, v_scale: 1.0 };
-
-    fn check(self) -> Result<Self> {
-        for (name, s) in [("k_scale", self.k_scale), ("v_scale", self.v_scale)] {
-            if !(s.is_finite() && s > 0.0) {
-                return Err(invalid(format!("{name} = {s} must be finite and positive")));
-            }
-        }
-        Ok(self)
-    }
-}
+pub use crate::types::KvScales;
 
 /// The 8-bit layout of the store's element kind, or an error naming it.
 fn fp8_store(kv: &PagedKvCacheDescriptor) -> Result<Fp8Layout> {

@@ -90,6 +90,58 @@ impl Element for f32 {
     }
 }
 
+/// Dequantization scales of an FP8 K/V cache: a stored key code `c` stands for
+/// `k_scale · fp8(c)`, a value code for `v_scale · fp8(c)` (per tensor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvScales {
+    /// Scale of the keys.
+    pub k_scale: f32,
+    /// Scale of the values.
+    pub v_scale: f32,
+}
+
+impl KvScales {
+    /// Scales of 1: the codes are the values.
+    pub const ONE: Self = Self { k_scale: 1.0, v_scale: 1.0 };
+
+    /// These scales, or an error naming the one that is not finite and positive.
+    pub fn check(self) -> crate::error::Result<Self> {
+        for (name, s) in [("k_scale", self.k_scale), ("v_scale", self.v_scale)] {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(crate::error::invalid(format!("{name} = {s} must be finite and positive")));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// An element type of a K/V cache: every [`Element`] (a cache of q's own type), and the 8-bit
+/// float codes [`float8::F8E4M3`] and [`float8::F8E5M2`] (the types candle and cudarc's `f8`
+/// feature use), read with dequantization scales ([`KvScales`]).
+pub trait CacheElement:
+    cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + Copy
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + 'static
+{
+    /// The matching [`ElementKind`].
+    const CACHE_KIND: ElementKind;
+}
+
+impl<T: Element> CacheElement for T {
+    const CACHE_KIND: ElementKind = T::KIND;
+}
+impl CacheElement for float8::F8E4M3 {
+    const CACHE_KIND: ElementKind = ElementKind::E4M3;
+}
+impl CacheElement for float8::F8E5M2 {
+    const CACHE_KIND: ElementKind = ElementKind::E5M2;
+}
+
 /// GPU architecture a kernel was selected for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ArchSku {

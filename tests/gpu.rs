@@ -9,13 +9,14 @@ use std::io::Write;
 use std::sync::mpsc;
 
 use half::{bf16, f16};
+use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::plan::DecodeConfig;
 use paged_decode::reference::DecodeOutput;
 use paged_decode::{
     BatchPagedDecodePlan, DecodePath, Device, Element, ElementKind, Error, PagedKvAppendDescriptor,
     PagedKvAppendPlan, PlanPreference, Workspace,
 };
-use problem::{DeviceProblem, HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
+use problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, Rng, rel_l2, tolerances};
 
 /// GPU 0 with cudarc's event tracking on (the safe default), or `None` (and a skip line) without
 /// a driver.
@@ -135,7 +136,7 @@ enum Prepared {
 }
 
 fn prepare(kind: ElementKind, spec: &ProblemSpec) -> Prepared {
-    fn with<T: Element>(spec: &ProblemSpec) -> (HostProblem<T>, DecodeOutput) {
+    fn with<T: Element + ProblemCache>(spec: &ProblemSpec) -> (HostProblem<T>, DecodeOutput) {
         let host = HostProblem::<T>::random(spec).unwrap();
         let r = host.reference().unwrap();
         (host, r)
@@ -491,7 +492,7 @@ fn checksum<T: Element>(v: &[T]) -> Vec<u64> {
 #[test]
 fn append_matches_reference_and_touches_nothing_else() {
     let Some(dev) = device("append_matches_reference_and_touches_nothing_else") else { return };
-    fn one<T: Element>(dev: &Device, page: usize, d: usize, seed: u64) {
+    fn one<T: Element + ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
         // Lengths after the caller advanced the table for the new token (≥ 1).
         let mut rng = Rng::new(seed);
         let lens: Vec<usize> =
@@ -924,4 +925,279 @@ fn tracked_device_orders_runs_across_streams() {
         check(&format!("round {round}: decode on stream B of stream A's output"), &spec, &o, &lse, &want);
     }
     println!("stream B waited for stream A's writes of its queries in 5 rounds");
+}
+
+/// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.
+fn runs_fp8(dev: &Device, test: &str) -> bool {
+    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
+    if cc.0 < 9 {
+        skipped(test, &format!("compute capability {}.{}: 8-bit caches need sm_90", cc.0, cc.1));
+    }
+    cc.0 >= 9
+}
+
+/// Selects, runs (scaled, outputs poisoned) and checks an 8-bit cache problem against the float64
+/// reference over the dequantized cache, at q's tolerance.
+fn fp8_run_and_check<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    what: &str,
+    host: &HostProblem<T, C>,
+    r: &DecodeOutput,
+    pref: PlanPreference,
+) -> (f64, DecodePath) {
+    let plan = BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, pref)
+        .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
+    let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
+    let s = &dev.stream;
+    s.memcpy_htod(&vec![T::from_f64(f64::NAN); buf.o.len()], &mut buf.o).unwrap();
+    s.memcpy_htod(&vec![f32::NAN; buf.lse.len()], &mut buf.lse).unwrap();
+    {
+        let (mut args, mut ws) = buf.args_and_workspace();
+        plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
+    }
+    let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
+    let path = plan.path(host.indices.len());
+    (check(&format!("{what} [{}]", path.name()), &host.spec, &o, &lse, r), path)
+}
+
+enum PreparedFp8 {
+    F16E4M3(HostProblem<f16, F8E4M3>, DecodeOutput),
+    BF16E4M3(HostProblem<bf16, F8E4M3>, DecodeOutput),
+    F16E5M2(HostProblem<f16, F8E5M2>, DecodeOutput),
+    BF16E5M2(HostProblem<bf16, F8E5M2>, DecodeOutput),
+}
+
+/// Configuration `i`'s q type and cache format: all four pairs in turn.
+fn prepare_fp8(i: usize, spec: &ProblemSpec) -> PreparedFp8 {
+    fn with<T: Element + ProblemCache, C: ProblemCache>(
+        spec: &ProblemSpec,
+    ) -> (HostProblem<T, C>, DecodeOutput) {
+        let host = HostProblem::<T, C>::random(spec).unwrap();
+        let r = host.reference().unwrap();
+        (host, r)
+    }
+    match i % 4 {
+        0 => {
+            let (h, r) = with(spec);
+            PreparedFp8::F16E4M3(h, r)
+        }
+        1 => {
+            let (h, r) = with(spec);
+            PreparedFp8::BF16E4M3(h, r)
+        }
+        2 => {
+            let (h, r) = with(spec);
+            PreparedFp8::F16E5M2(h, r)
+        }
+        _ => {
+            let (h, r) = with(spec);
+            PreparedFp8::BF16E5M2(h, r)
+        }
+    }
+}
+
+/// 8-bit caches (E4M3 and E5M2, f16 and bf16 q, scales that are not powers of two): random
+/// configurations over head_dims, groups 1..64, page sizes 1..256, ragged lengths with empty,
+/// 1-token and full-last-page requests, permuted pages and every split path, against the float64
+/// reference over the dequantized cache (f16 q ≤ 1e-3, bf16 q ≤ 8e-3, lse ≤ 1e-3), plus the edge
+/// cases of one long request among short ones and a batch of 16384.
+#[test]
+fn fp8_decode_random_sweep() {
+    let test = "fp8_decode_random_sweep";
+    let Some(dev) = device(test) else { return };
+    if !runs_fp8(&dev, test) {
+        return;
+    }
+    let base_seed: u64 =
+        std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xF8F8);
+    let configs: usize =
+        std::env::var("PAGED_DECODE_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(1200) / 2;
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
+    let edge_cases = [
+        with_lens(vec![0, 1, 30000, 0, 5, 17, 2], 32, 8, 128, 16),
+        with_lens((0..16384).map(|i| i % 37).collect(), 8, 1, 64, 16),
+        with_lens(vec![1, 1, 0], 64, 1, 256, 1),
+        ProblemSpec::uniform(1, 20000, 64, 8, 128, 16),
+    ];
+    let (tx, rx) = mpsc::sync_channel::<(usize, ProblemSpec, PreparedFp8)>(workers * 2);
+    let mut worst = [0f64; 4];
+    let mut paths = std::collections::BTreeMap::new();
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let tx = tx.clone();
+            let edge_cases = edge_cases.clone();
+            scope.spawn(move || {
+                for i in (w..configs + edge_cases.len()).step_by(workers) {
+                    let seed = base_seed.wrapping_add(i as u64);
+                    let spec = match i.checked_sub(configs) {
+                        Some(e) => ProblemSpec { seed, ..edge_cases[e].clone() },
+                        None => random_spec(&mut Rng::new(seed), seed).1,
+                    };
+                    let prepared = prepare_fp8(i, &spec);
+                    if tx.send((i, spec, prepared)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (i, spec, prepared) in rx {
+            let what = format!(
+                "fp8 config {i} (seed {}): lens {:?} Hq {} Hkv {} D {} page {} scale {}",
+                spec.seed,
+                spec.lens.iter().take(40).collect::<Vec<_>>(),
+                spec.num_qo_heads,
+                spec.num_kv_heads,
+                spec.head_dim,
+                spec.page_size,
+                spec.sm_scale
+            );
+            let spare_chunks = match i % 6 {
+                0 => Some(0),
+                1 => Some(1 + (spec.seed % 40) as u32),
+                _ => None,
+            };
+            let num_splits = (i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
+            let pref = PlanPreference { spare_chunks, num_splits, ..PlanPreference::default() };
+            let (err, path) = match &prepared {
+                PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+                PreparedFp8::BF16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+                PreparedFp8::F16E5M2(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+                PreparedFp8::BF16E5M2(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+            };
+            worst[i % 4] = worst[i % 4].max(err);
+            *paths.entry(path.name()).or_insert(0usize) += 1;
+        }
+    });
+    println!(
+        "{test}: {} configurations passed ({paths:?}); worst rel err f16/e4m3 {:.2e}, bf16/e4m3 {:.2e}, f16/e5m2 {:.2e}, bf16/e5m2 {:.2e}",
+        configs + edge_cases.len(),
+        worst[0],
+        worst[1],
+        worst[2],
+        worst[3]
+    );
+    let all = [DecodePath::Whole, DecodePath::Split, DecodePath::Scheduled];
+    assert!(configs < 200 || all.iter().all(|p| paths.contains_key(p.name())), "paths taken: {paths:?}");
+}
+
+/// Quantizing appends (f16 / bf16 tokens into E4M3 / E5M2 stores) write the reference's codes bit
+/// for bit, saturating out-of-range values and keeping NaN, and touch nothing else; appending
+/// codes to a store of codes copies them; a decode over the appended store matches the reference.
+#[test]
+fn fp8_append_quantizes_bit_exactly() {
+    let test = "fp8_append_quantizes_bit_exactly";
+    let Some(dev) = device(test) else { return };
+    if !runs_fp8(&dev, test) {
+        return;
+    }
+    fn one<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let lens: Vec<usize> =
+            (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
+        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
+        let host = HostProblem::<T, C>::random(&spec).unwrap();
+        let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
+        let row = 7 * 4 * d;
+        // Values up to twice E4M3's range after the scale, and the special values.
+        let mut key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
+        let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
+        for (i, x) in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 1e-7, 3e4].into_iter().enumerate() {
+            key[i * 5] = T::from_f64(x);
+        }
+        let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
+        let (mut k_ref, mut v_ref) = (codes(&host.k_data), codes(&host.v_data));
+        let scales = host.scales;
+        paged_decode::reference::append_fp8(
+            &desc,
+            &key,
+            &value,
+            &mut k_ref,
+            &mut v_ref,
+            scales,
+            host.page_table(),
+        )
+        .unwrap();
+
+        let plan = PagedKvAppendPlan::<T, C>::select(&dev.stream, &desc, PlanPreference::default()).unwrap();
+        let mut buf = DeviceProblem::upload(&dev.stream, &host, 0).unwrap();
+        let key_d = dev.stream.clone_htod(&key).unwrap();
+        let value_d = dev.stream.clone_htod(&value).unwrap();
+        {
+            let mut args = buf.append_args(&key_d, &value_d);
+            plan.run_scaled(&dev.stream, &mut Workspace::none(), &mut args, scales).unwrap();
+        }
+        let k = codes(&dev.stream.clone_dtoh(&buf.k_data).unwrap());
+        let v = codes(&dev.stream.clone_dtoh(&buf.v_data).unwrap());
+        let kind = C::CACHE_KIND;
+        assert!(k == k_ref, "{kind:?} K codes differ from the reference append (page {page}, d {d})");
+        assert!(v == v_ref, "{kind:?} V codes differ from the reference append (page {page}, d {d})");
+    }
+    /// Appending codes into a store of codes copies them into the new slots only.
+    fn copy<C: ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
+        let spec =
+            ProblemSpec { spare_pages: 2, seed, ..ProblemSpec::uniform(5, 3 * page / 2 + 1, 8, 4, d, page) };
+        let host = HostProblem::<f16, C>::random(&spec).unwrap();
+        let desc = PagedKvAppendDescriptor { batch_size: 5, paged_kv: host.desc.paged_kv };
+        let mut rng = Rng::new(seed + 1);
+        let token: Vec<C> = (0..5 * 4 * d).map(|_| C::store(rng.symmetric(), 0.01)).collect();
+        let plan = PagedKvAppendPlan::<C, C>::select(&dev.stream, &desc, PlanPreference::default()).unwrap();
+        let mut store = DeviceProblem::upload(&dev.stream, &host, 0).unwrap();
+        let token_d = dev.stream.clone_htod(&token).unwrap();
+        let (b, n) = (5i32, host.indices.len() as i32);
+        let shape = [desc.paged_kv.num_total_pages, 4, page as i32, d as i32];
+        let mut args = paged_decode::PagedKvAppendArgs {
+            key: paged_decode::TensorRef::new(token_d.slice(..), [b, 4, d as i32]),
+            value: paged_decode::TensorRef::new(token_d.slice(..), [b, 4, d as i32]),
+            k_data: paged_decode::TensorMut::new(store.k_data.slice_mut(..), shape),
+            v_data: paged_decode::TensorMut::new(store.v_data.slice_mut(..), shape),
+            indices: paged_decode::TensorRef::new(store.indices.slice(..), [n]),
+            indptr: paged_decode::TensorRef::new(store.indptr.slice(..), [b + 1]),
+            last_page_len: paged_decode::TensorRef::new(store.last_page_len.slice(..), [b]),
+        };
+        plan.run(&dev.stream, &mut Workspace::none(), &mut args).unwrap();
+        drop(args);
+        // Expected: each request's token rows in slot `last_page_len - 1` of its last page.
+        let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
+        let mut want = codes(&host.k_data);
+        let token_codes = codes(&token);
+        for r in 0..5 {
+            let page = host.indices[host.indptr[r + 1] as usize - 1] as usize;
+            let slot = host.last_page_len[r] as usize - 1;
+            for h in 0..4 {
+                let dst = ((page * 4 + h) * page_size_of(&desc) + slot) * d;
+                let src = (r * 4 + h) * d;
+                want[dst..dst + d].copy_from_slice(&token_codes[src..src + d]);
+            }
+        }
+        let k = codes(&dev.stream.clone_dtoh(&store.k_data).unwrap());
+        let v = codes(&dev.stream.clone_dtoh(&store.v_data).unwrap());
+        assert!(k == want, "{:?} K code copy (page {page}, d {d})", C::CACHE_KIND);
+        let mut want_v = codes(&host.v_data);
+        for r in 0..5 {
+            let page = host.indices[host.indptr[r + 1] as usize - 1] as usize;
+            let slot = host.last_page_len[r] as usize - 1;
+            for h in 0..4 {
+                let dst = ((page * 4 + h) * page_size_of(&desc) + slot) * d;
+                let src = (r * 4 + h) * d;
+                want_v[dst..dst + d].copy_from_slice(&token_codes[src..src + d]);
+            }
+        }
+        assert!(v == want_v, "{:?} V code copy (page {page}, d {d})", C::CACHE_KIND);
+    }
+    fn page_size_of(desc: &PagedKvAppendDescriptor) -> usize {
+        desc.paged_kv.page_size as usize
+    }
+    for (i, (page, d)) in [(1, 64), (16, 128), (7, 256), (256, 128)].into_iter().enumerate() {
+        let seed = 40 + i as u64;
+        one::<f16, F8E4M3>(&dev, page, d, seed);
+        one::<bf16, F8E4M3>(&dev, page, d, seed + 10);
+        one::<f16, F8E5M2>(&dev, page, d, seed + 20);
+        one::<bf16, F8E5M2>(&dev, page, d, seed + 30);
+        copy::<F8E4M3>(&dev, page, d, seed + 40);
+        copy::<F8E5M2>(&dev, page, d, seed + 50);
+    }
+    println!(
+        "{test}: f16/bf16 into E4M3/E5M2 × 4 geometries match the reference bit for bit; code copies land in their slots"
+    );
 }

@@ -21,7 +21,7 @@ use paged_decode::{
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use problem::{HostProblem, ProblemSpec, Rng, rel_l2, tolerances};
+use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, rel_l2, tolerances};
 
 fn config() -> ProptestConfig {
     ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }
@@ -589,7 +589,9 @@ fn problem_spec() -> BoxedStrategy<ProblemSpec> {
         .boxed()
 }
 
-fn host_problem_case<T: Element>(spec: &ProblemSpec) -> std::result::Result<(), TestCaseError> {
+fn host_problem_case<T: Element + ProblemCache>(
+    spec: &ProblemSpec,
+) -> std::result::Result<(), TestCaseError> {
     let _ = spec.kv_bytes(T::KIND);
     match HostProblem::<T>::random(spec) {
         Ok(h) => {

@@ -13,17 +13,19 @@ use paged_decode::ptx;
 
 #[test]
 fn ptx_declares_every_entry() {
-    for text in [ptx::PTX, ptx::PTX_SM90] {
+    for cc in [(8, 0), (9, 0)] {
+        let text = ptx::for_compute_capability(cc);
+        let expected_entries = ptx::expected_entries(cc);
         assert!(text.contains(".target sm_"), "the embedded PTX is empty or not PTX");
         let mut entries = ptx::entries(text);
-        for want in ptx::EXPECTED_ENTRIES.iter() {
+        for want in expected_entries.iter() {
             assert!(
                 entries.contains(&want.as_str()),
                 "entry {want} missing from the PTX (found {entries:?})"
             );
         }
         // ...and the host names every entry the kernels define, once.
-        let mut expected: Vec<&str> = ptx::EXPECTED_ENTRIES.iter().map(String::as_str).collect();
+        let mut expected: Vec<&str> = expected_entries.iter().map(String::as_str).collect();
         entries.sort_unstable();
         expected.sort_unstable();
         assert_eq!(entries, expected);
@@ -57,7 +59,7 @@ fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
         let reports = ptxas::assemble(&ptxas, text, arch, &[])
             .and_then(|a| ptxas::report_of(&a, arch))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(reports.len(), ptx::EXPECTED_ENTRIES.len(), "{arch}: one report per entry");
+        assert_eq!(reports.len(), ptx::expected_entries(cc).len(), "{arch}: one report per entry");
         for r in &reports {
             assert_eq!(
                 (r.stack_frame_bytes, r.spill_store_bytes, r.spill_load_bytes),
@@ -100,9 +102,9 @@ fn split_entries_merge_through_a_ticket_and_a_release_acquire_count() {
     const TICKET: &str = "atom.relaxed.gpu.global.add.u32";
     const PUBLISH: &str = "red.release.gpu.global.add.u32";
     const OBSERVE: &str = "ld.acquire.gpu.global.u32";
-    for text in [ptx::PTX, ptx::PTX_SM90] {
-        let bodies = entry_bodies(text);
-        assert_eq!(bodies.len(), ptx::EXPECTED_ENTRIES.len());
+    for cc in [(8, 0), (9, 0)] {
+        let bodies = entry_bodies(ptx::for_compute_capability(cc));
+        assert_eq!(bodies.len(), ptx::expected_entries(cc).len());
         for (name, body) in bodies {
             let split = name.contains("_split_");
             for op in [TICKET, PUBLISH, OBSERVE] {

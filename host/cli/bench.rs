@@ -11,10 +11,11 @@ use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
+use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, Result, ptx};
 use serde::{Deserialize, Serialize};
 
-use crate::problem::{DeviceProblem, HostProblem, ProblemSpec, rel_l2, tolerances};
+use crate::problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, rel_l2, tolerances};
 
 /// One row of the shape table.
 #[derive(Debug, Clone, Deserialize)]
@@ -38,8 +39,12 @@ pub struct Shape {
     pub d: usize,
     /// Tokens per page.
     pub page: usize,
-    /// Element type: `f16`, `bf16` or `f32`.
+    /// Element type of q and o (and of K/V unless `kv_dtype` says otherwise): `f16`, `bf16` or
+    /// `f32`.
     pub dtype: String,
+    /// An 8-bit K/V cache: `e4m3` or `e5m2` (q and o stay in `dtype`).
+    #[serde(default)]
+    pub kv_dtype: Option<String>,
 }
 
 impl Shape {
@@ -122,10 +127,11 @@ pub struct Timing {
 /// Capture needs a device opened with [`Device::open_untracked`]; with event tracking on, the
 /// capture is invalidated and this returns the driver's error. The graph is dropped before this
 /// returns, so the buffers it captured outlive it.
-pub fn time_plan<T: Element>(
+pub fn time_plan<T: Element, C: ProblemCache>(
     device: &Device,
-    plan: &BatchPagedDecodePlan<T>,
-    dev: &mut DeviceProblem<T>,
+    plan: &BatchPagedDecodePlan<T, C>,
+    dev: &mut DeviceProblem<T, C>,
+    scales: paged_decode::KvScales,
     calls: usize,
     replays: usize,
 ) -> Result<Timing> {
@@ -134,7 +140,7 @@ pub fn time_plan<T: Element>(
     let captured = (|| {
         for _ in 0..calls {
             let (mut args, mut ws) = dev.args_and_workspace();
-            plan.run(stream, &mut ws, &mut args)?;
+            plan.run_scaled(stream, &mut ws, &mut args, scales)?;
         }
         Ok::<(), Error>(())
     })();
@@ -201,8 +207,8 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Benchmarks one shape with element type `T`.
-pub fn bench_shape<T: Element>(
+/// Benchmarks one shape with q and o of `T` and K/V of `C`.
+pub fn bench_shape<T: Element, C: ProblemCache>(
     device: &Device,
     shape: &Shape,
     ceiling: f64,
@@ -211,12 +217,12 @@ pub fn bench_shape<T: Element>(
     indices_slack: usize,
 ) -> Result<BenchRow> {
     let spec = ProblemSpec { indices_slack, ..shape.spec() };
-    let host = HostProblem::<T>::random(&spec)?;
-    let plan = BatchPagedDecodePlan::<T>::select(&device.stream, &host.desc, pref)?;
+    let host = HostProblem::<T, C>::random(&spec)?;
+    let plan = BatchPagedDecodePlan::<T, C>::select(&device.stream, &host.desc, pref)?;
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
     let max_rel_err = if check {
         let (mut args, mut ws) = dev.args_and_workspace();
-        plan.run(&device.stream, &mut ws, &mut args)?;
+        plan.run_scaled(&device.stream, &mut ws, &mut args, host.scales)?;
         let o = device.stream.clone_dtoh(&dev.o)?;
         let row = spec.num_qo_heads * spec.head_dim;
         let (tol, _) = tolerances(T::KIND);
@@ -236,8 +242,8 @@ pub fn bench_shape<T: Element>(
     } else {
         None
     };
-    let t = time_plan(device, &plan, &mut dev, 20, 15)?;
-    let tb_s = spec.kv_bytes(T::KIND) as f64 / (t.us * 1e-6) / 1e12;
+    let t = time_plan(device, &plan, &mut dev, host.scales, 20, 15)?;
+    let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND) as f64 / (t.us * 1e-6) / 1e12;
     Ok(BenchRow {
         name: shape.name.clone(),
         us: t.us,
@@ -279,11 +285,22 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
     );
     let mut rows = Vec::new();
     for shape in &shapes {
-        let row = match shape.dtype.as_str() {
-            "f16" => bench_shape::<f16>(&device, shape, ceiling, opts.check, pref, opts.indices_slack)?,
-            "bf16" => bench_shape::<bf16>(&device, shape, ceiling, opts.check, pref, opts.indices_slack)?,
-            "f32" => bench_shape::<f32>(&device, shape, ceiling, opts.check, pref, opts.indices_slack)?,
-            other => return Err(format!("{}: unknown dtype {other}", shape.name).into()),
+        let (check, slack) = (opts.check, opts.indices_slack);
+        let row = match (shape.dtype.as_str(), shape.kv_dtype.as_deref()) {
+            ("f16", None) => bench_shape::<f16, f16>(&device, shape, ceiling, check, pref, slack)?,
+            ("bf16", None) => bench_shape::<bf16, bf16>(&device, shape, ceiling, check, pref, slack)?,
+            ("f32", None) => bench_shape::<f32, f32>(&device, shape, ceiling, check, pref, slack)?,
+            ("f16", Some("e4m3")) => bench_shape::<f16, F8E4M3>(&device, shape, ceiling, check, pref, slack)?,
+            ("bf16", Some("e4m3")) => {
+                bench_shape::<bf16, F8E4M3>(&device, shape, ceiling, check, pref, slack)?
+            }
+            ("f16", Some("e5m2")) => bench_shape::<f16, F8E5M2>(&device, shape, ceiling, check, pref, slack)?,
+            ("bf16", Some("e5m2")) => {
+                bench_shape::<bf16, F8E5M2>(&device, shape, ceiling, check, pref, slack)?
+            }
+            (q, kv) => {
+                return Err(format!("{}: unsupported dtype {q} with kv_dtype {kv:?}", shape.name).into());
+            }
         };
         println!(
             "{:<28} {:>10.2} {:>8.2} {:>8.1} {:>7} {:>11} {:>9} {:>10}",
@@ -440,7 +457,8 @@ mod tests {
             lens in prop::option::of(prop::collection::vec(any::<usize>(), 0..5)),
             (hq, hkv, d, page) in (any::<usize>(), any::<usize>(), any::<usize>(), any::<usize>()),
         ) {
-            let shape = Shape { name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into() };
+            let shape =
+                Shape { name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into(), kv_dtype: None };
             let spec = shape.spec();
             prop_assert_eq!(spec.batch(), shape.lens.as_ref().map_or(batch.unwrap_or(0), |l| l.len()));
             let _ = spec.kv_bytes(paged_decode::ElementKind::BF16);

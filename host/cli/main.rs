@@ -222,7 +222,7 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
     }
     println!("checked requests {sample:?} against the CPU reference: max rel err {worst:.2e}");
 
-    let timing = bench::time_plan(&device, &plan, &mut dev, 20, 15)?;
+    let timing = bench::time_plan(&device, &plan, &mut dev, host.scales, 20, 15)?;
     let bytes = spec.kv_bytes(f16::KIND) as f64;
     println!(
         "decode b{batch} L{kv_len} 32/8 d128 p16 f16: {:.1} µs per call ({} splits), {:.2} TB/s",

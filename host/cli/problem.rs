@@ -93,14 +93,19 @@ impl ProblemSpec {
 
     /// Bytes of K and V read (what FlashInfer's harness counts, plus q); saturating.
     pub fn kv_bytes(&self, element: ElementKind) -> usize {
+        self.bytes_moved(element, element)
+    }
+
+    /// Bytes of K and V of `cache` elements read plus q and o of `q` elements (FlashInfer's
+    /// harness's count: `2 · Σ len · hkv · d · sizeof(cache) + 2 · |q| · sizeof(q)`); saturating.
+    pub fn bytes_moved(&self, q: ElementKind, cache: ElementKind) -> usize {
         let tokens = self.lens.iter().fold(0usize, |acc, &l| acc.saturating_add(l));
         let product = |dims: &[usize]| dims.iter().fold(2usize, |acc, &d| acc.saturating_mul(d));
-        let size = element.size_bytes();
-        product(&[tokens, self.num_kv_heads, self.head_dim, size]).saturating_add(product(&[
+        product(&[tokens, self.num_kv_heads, self.head_dim, cache.size_bytes()]).saturating_add(product(&[
             self.batch(),
             self.num_qo_heads,
             self.head_dim,
-            size,
+            q.size_bytes(),
         ]))
     }
 
@@ -139,9 +144,61 @@ impl ProblemSpec {
     }
 }
 
-/// A decode problem in host memory.
+/// Element types of the problems' K/V stores: q's own type, or 8-bit codes of random values
+/// quantized with the problem's scales ([`HostProblem::scales`]).
+pub trait ProblemCache: CacheElement {
+    /// The stored element for the value `v` of a store with dequantization scale `scale`: `v`
+    /// rounded, or the code nearest `v / scale`.
+    fn store(v: f64, scale: f32) -> Self;
+    /// The value the element stands for under `scale`, exactly.
+    fn value(self, scale: f32) -> f64;
+    /// The element's bits (8-bit codes; 0 for the other types).
+    fn code(self) -> u8;
+}
+
+macro_rules! problem_cache_element {
+    ($($t:ty),*) => {$(
+        impl ProblemCache for $t {
+            fn store(v: f64, _: f32) -> Self {
+                <$t as Element>::from_f64(v)
+            }
+            fn value(self, _: f32) -> f64 {
+                Element::to_f64(self)
+            }
+            fn code(self) -> u8 {
+                0
+            }
+        }
+    )*};
+}
+problem_cache_element!(half::f16, half::bf16, f32);
+
+macro_rules! problem_cache_fp8 {
+    ($($t:ty),*) => {$(
+        impl ProblemCache for $t {
+            fn store(v: f64, scale: f32) -> Self {
+                let format = Self::CACHE_KIND.fp8_layout().expect("an 8-bit format");
+                <$t>::from_bits(paged_decode::fp8::f32_to_fp8(format, v as f32 / scale))
+            }
+            fn value(self, scale: f32) -> f64 {
+                let format = Self::CACHE_KIND.fp8_layout().expect("an 8-bit format");
+                f64::from(scale) * f64::from(paged_decode::fp8::fp8_to_f32(format, self.to_bits()))
+            }
+            fn code(self) -> u8 {
+                self.to_bits()
+            }
+        }
+    )*};
+}
+problem_cache_fp8!(paged_decode::float8::F8E4M3, paged_decode::float8::F8E5M2);
+
+/// Dequantization scales of the problems' 8-bit stores: random values in `[-1, 1)` become codes
+/// up to ±270 (within E4M3's ±448), and scales that are not powers of two exercise the rounding.
+pub const FP8_PROBLEM_SCALES: KvScales = KvScales { k_scale: 0.0042, v_scale: 0.0037 };
+
+/// A decode problem in host memory: q and o of `T`, K and V of `C`.
 #[derive(Debug, Clone)]
-pub struct HostProblem<T> {
+pub struct HostProblem<T, C = T> {
     /// The sizes this problem was generated from.
     pub spec: ProblemSpec,
     /// The matching decode descriptor.
@@ -149,23 +206,27 @@ pub struct HostProblem<T> {
     /// `[batch, num_qo_heads, head_dim]` queries.
     pub q: Vec<T>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` key store.
-    pub k_data: Vec<T>,
+    pub k_data: Vec<C>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` value store.
-    pub v_data: Vec<T>,
+    pub v_data: Vec<C>,
     /// Page ids of all requests, concatenated.
     pub indices: Vec<i32>,
     /// `[batch + 1]` offsets into `indices`.
     pub indptr: Vec<i32>,
     /// `[batch]` tokens used in each request's last page.
     pub last_page_len: Vec<i32>,
+    /// The store's dequantization scales: [`FP8_PROBLEM_SCALES`] for 8-bit codes, else 1.
+    pub scales: KvScales,
 }
 
-impl<T: Element> HostProblem<T> {
+impl<T: Element, C: ProblemCache> HostProblem<T, C> {
     /// Random q/K/V in `[-1, 1)` and a page table over a random permutation of the pages;
     /// [`Error::InvalidProblem`] for sizes no descriptor can express (a zero head count,
     /// head_dim or page size, extents beyond `i32`, buffers beyond `isize::MAX` bytes).
     pub fn random(spec: &ProblemSpec) -> Result<Self> {
         spec.check(T::KIND)?;
+        let fp8 = C::CACHE_KIND.fp8_layout().is_some();
+        let scales = if fp8 { FP8_PROBLEM_SCALES } else { KvScales::ONE };
         let mut rng = Rng::new(spec.seed);
         let ps = spec.page_size;
         let pages_per: Vec<usize> = spec.lens.iter().map(|&l| l.div_ceil(ps)).collect();
@@ -193,15 +254,15 @@ impl<T: Element> HostProblem<T> {
                 num_total_pages: total_pages as i32,
                 num_kv_heads: spec.num_kv_heads as i32,
                 head_dim: spec.head_dim as i32,
-                element: T::KIND,
+                element: C::CACHE_KIND,
             },
         };
         let q_len = spec.batch() * spec.num_qo_heads * spec.head_dim;
         let q = (0..q_len).map(|_| T::from_f64(rng.symmetric() * spec.q_scale)).collect();
         let store = total_pages * spec.num_kv_heads * ps * spec.head_dim;
-        let k_data = random_vec(&mut rng, store);
-        let v_data = random_vec(&mut rng, store);
-        Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len })
+        let k_data = (0..store).map(|_| C::store(rng.symmetric(), scales.k_scale)).collect();
+        let v_data = (0..store).map(|_| C::store(rng.symmetric(), scales.v_scale)).collect();
+        Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len, scales })
     }
 
     /// The page table borrowed from this problem.
@@ -223,28 +284,43 @@ impl<T: Element> HostProblem<T> {
         let indptr = [0, indices.len() as i32];
         let last = [*self.last_page_len.get(b).ok_or_else(outside)?];
         let table = PageTable { indptr: &indptr, indices, last_page_len: &last };
-        paged_decode::reference::decode(&desc, q, &self.k_data, &self.v_data, table)
+        self.reference_of(&desc, q, table)
     }
 
     /// Float64 reference output of every request.
     pub fn reference(&self) -> Result<paged_decode::reference::DecodeOutput> {
-        paged_decode::reference::decode(&self.desc, &self.q, &self.k_data, &self.v_data, self.page_table())
+        self.reference_of(&self.desc, &self.q, self.page_table())
     }
-}
 
-fn random_vec<T: Element>(rng: &mut Rng, n: usize) -> Vec<T> {
-    (0..n).map(|_| T::from_f64(rng.symmetric())).collect()
+    /// The reference over this problem's store: [`paged_decode::reference::decode_fp8`] over
+    /// 8-bit codes, else [`paged_decode::reference::decode`].
+    fn reference_of(
+        &self,
+        desc: &BatchPagedDecodeDescriptor,
+        q: &[T],
+        table: PageTable<'_>,
+    ) -> Result<paged_decode::reference::DecodeOutput> {
+        if C::CACHE_KIND.fp8_layout().is_some() {
+            let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
+            let (k, v) = (codes(&self.k_data), codes(&self.v_data));
+            paged_decode::reference::decode_fp8(desc, q, &k, &v, self.scales, table)
+        } else {
+            let values = |data: &[C]| data.iter().map(|c| T::from_f64(c.value(1.0))).collect::<Vec<T>>();
+            let (k, v) = (values(&self.k_data), values(&self.v_data));
+            paged_decode::reference::decode(desc, q, &k, &v, table)
+        }
+    }
 }
 
 /// Device copies of a [`HostProblem`] plus outputs and a workspace.
 #[derive(Debug)]
-pub struct DeviceProblem<T> {
+pub struct DeviceProblem<T, C = T> {
     /// Queries.
     pub q: CudaSlice<T>,
     /// Key store.
-    pub k_data: CudaSlice<T>,
+    pub k_data: CudaSlice<C>,
     /// Value store.
-    pub v_data: CudaSlice<T>,
+    pub v_data: CudaSlice<C>,
     /// Page ids (at least one element, so the slice has an address).
     pub indices: CudaSlice<i32>,
     /// Offsets into `indices`.
@@ -260,9 +336,13 @@ pub struct DeviceProblem<T> {
     shape: (i32, i32, i32, [i32; 4]),
 }
 
-impl<T: Element> DeviceProblem<T> {
+impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
     /// Uploads `host` and allocates outputs and `workspace_bytes` of workspace.
-    pub fn upload(stream: &Arc<CudaStream>, host: &HostProblem<T>, workspace_bytes: usize) -> Result<Self> {
+    pub fn upload(
+        stream: &Arc<CudaStream>,
+        host: &HostProblem<T, C>,
+        workspace_bytes: usize,
+    ) -> Result<Self> {
         let kv = &host.desc.paged_kv;
         let (b, hq, d) = (host.desc.batch_size, host.desc.num_qo_heads, kv.head_dim);
         let n = i32::try_from(host.indices.len()).map_err(|_| invalid("more than i32::MAX page ids"))?;
@@ -283,12 +363,12 @@ impl<T: Element> DeviceProblem<T> {
     }
 
     /// Decode arguments viewing these buffers.
-    pub fn args(&mut self) -> BatchPagedDecodeArgs<'_, T> {
+    pub fn args(&mut self) -> BatchPagedDecodeArgs<'_, T, C> {
         self.args_and_workspace().0
     }
 
     /// Decode arguments and the workspace, borrowed together.
-    pub fn args_and_workspace(&mut self) -> (BatchPagedDecodeArgs<'_, T>, Workspace<'_>) {
+    pub fn args_and_workspace(&mut self) -> (BatchPagedDecodeArgs<'_, T, C>, Workspace<'_>) {
         self.args_and_workspace_with_q(None)
     }
 
@@ -301,7 +381,7 @@ impl<T: Element> DeviceProblem<T> {
     pub fn args_and_workspace_with_q<'a>(
         &'a mut self,
         q: Option<CudaView<'a, T>>,
-    ) -> (BatchPagedDecodeArgs<'a, T>, Workspace<'a>) {
+    ) -> (BatchPagedDecodeArgs<'a, T, C>, Workspace<'a>) {
         let (b, hq, n, store) = self.shape;
         let d = store[3];
         let args = BatchPagedDecodeArgs {
@@ -324,7 +404,7 @@ impl<T: Element> DeviceProblem<T> {
         &'a mut self,
         key: &'a CudaSlice<T>,
         value: &'a CudaSlice<T>,
-    ) -> PagedKvAppendArgs<'a, T> {
+    ) -> PagedKvAppendArgs<'a, T, C> {
         let (b, _, n, store) = self.shape;
         let row = [b, store[1], store[3]];
         PagedKvAppendArgs {

@@ -18,17 +18,18 @@ use crate::types::*;
 use super::checks::{aligned, check_paged_kv, expect_layout, positive};
 use super::table_check::{PageTableView, check_on_device};
 
-/// Arguments of [`PagedKvAppendPlan::run`].
+/// Arguments of [`PagedKvAppendPlan::run`]: tokens of type `T` into a store of `C` (`T` itself,
+/// or 8-bit codes).
 #[derive(Debug)]
-pub struct PagedKvAppendArgs<'a, T> {
+pub struct PagedKvAppendArgs<'a, T, C = T> {
     /// `[batch, num_kv_heads, head_dim]`: the new token's keys.
     pub key: TensorRef<'a, T, 3>,
     /// `[batch, num_kv_heads, head_dim]`: the new token's values.
     pub value: TensorRef<'a, T, 3>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the key store written to.
-    pub k_data: TensorMut<'a, T, 4>,
+    pub k_data: TensorMut<'a, C, 4>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the value store written to.
-    pub v_data: TensorMut<'a, T, 4>,
+    pub v_data: TensorMut<'a, C, 4>,
     /// `[total_used_pages]`: page ids of all requests, concatenated (including the new token's page).
     pub indices: TensorRef<'a, i32, 1>,
     /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
@@ -56,7 +57,7 @@ pub struct PagedKvAppendArgsLayout {
     pub last_page_len: TensorLayout<1>,
 }
 
-impl<T> PagedKvAppendArgs<'_, T> {
+impl<T, C> PagedKvAppendArgs<'_, T, C> {
     /// The data-free layouts of these arguments.
     pub fn layout(&self) -> PagedKvAppendArgsLayout {
         PagedKvAppendArgsLayout {
@@ -95,8 +96,14 @@ impl PagedKvAppendArgsLayout {
 /// the request's last page is full and increments `last_page_len[b]` — so the token lands in
 /// slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
 /// with `last_page_len[b]` outside `[1, page_size]` are left untouched.
+///
+/// Tokens of type `T` go into a store of `C`: the same type (a copy; 8-bit codes included), or
+/// f16 / bf16 tokens quantized into an 8-bit store ([`float8::F8E4M3`], [`float8::F8E5M2`]; sm_90
+/// and newer) by [`Self::run_scaled`]: element `x` becomes the code nearest `x / scale` (the
+/// quotient rounded to f32, then to the code, ties to even, saturating to the largest finite
+/// code; NaN stays NaN), bit for bit [`crate::reference::append_fp8`].
 #[derive(Debug)]
-pub struct PagedKvAppendPlan<T: Element> {
+pub struct PagedKvAppendPlan<T: CacheElement, C: CacheElement = T> {
     desc: PagedKvAppendDescriptor,
     pref: PlanPreference,
     arch: ArchSku,
@@ -104,17 +111,29 @@ pub struct PagedKvAppendPlan<T: Element> {
     check_fn: CudaFunction,
     /// The context the kernels were loaded into: `run` launches only on its streams.
     ctx: Arc<CudaContext>,
-    _t: PhantomData<T>,
+    _t: PhantomData<(T, C)>,
 }
 
-impl<T: Element> PagedKvAppendPlan<T> {
-    /// Validates `desc` for element `T` (no GPU needed).
+impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
+    /// Whether the tokens are quantized into an 8-bit store (rather than copied).
+    const QUANTIZES: bool = T::CACHE_KIND as u8 != C::CACHE_KIND as u8;
+
+    /// Validates `desc` for tokens of type `T` into a store of `C` (no GPU needed).
     pub fn check_descriptor(desc: &PagedKvAppendDescriptor) -> Result<()> {
-        if desc.paged_kv.element != T::KIND {
+        if desc.paged_kv.element != C::CACHE_KIND {
             return Err(invalid(format!(
-                "descriptor element {:?} does not match the plan's element type {:?}",
+                "descriptor element {:?} does not match the plan's store element type {:?}",
                 desc.paged_kv.element,
-                T::KIND
+                C::CACHE_KIND
+            )));
+        }
+        if Self::QUANTIZES
+            && !(C::CACHE_KIND.fp8_layout().is_some() && entry::FP8_Q_ELEMENTS.contains(&T::CACHE_KIND))
+        {
+            return Err(Error::Unsupported(format!(
+                "appending {:?} tokens to a {:?} store (a store of the tokens' type, or f16 / bf16 into 8-bit codes)",
+                T::CACHE_KIND,
+                C::CACHE_KIND
             )));
         }
         check_paged_kv(&desc.paged_kv)?;
@@ -161,11 +180,25 @@ impl<T: Element> PagedKvAppendPlan<T> {
         }
         let ctx = stream.context();
         let props = DeviceProps::query(ctx)?;
+        let arch = ptx::build_for(props.compute_capability);
+        let name = if Self::QUANTIZES {
+            if arch != ArchSku::Sm90 {
+                return Err(Error::Unsupported(format!(
+                    "quantizing into an 8-bit store on compute capability {}.{}; sm_90 or newer is required",
+                    props.compute_capability.0, props.compute_capability.1
+                )));
+            }
+            entry::append_quantized(T::CACHE_KIND, C::CACHE_KIND)
+        } else if C::CACHE_KIND.fp8_layout().is_some() {
+            entry::append(ElementKind::U8)
+        } else {
+            entry::append(T::CACHE_KIND)
+        };
         Ok(Self {
             desc: *desc,
             pref,
-            arch: ptx::build_for(props.compute_capability),
-            append_fn: device::function(ctx, &entry::append(T::KIND), 0)?,
+            arch,
+            append_fn: device::function(ctx, &name, 0)?,
             check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
             ctx: ctx.clone(),
             _t: PhantomData,
@@ -173,7 +206,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
     }
 
     /// Checks the arguments against the plan's descriptor.
-    pub fn can_implement(&self, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
+    pub fn can_implement(&self, args: &PagedKvAppendArgs<'_, T, C>) -> Result<()> {
         Self::check_layout(&self.desc, &args.layout())
     }
 
@@ -187,7 +220,7 @@ impl<T: Element> PagedKvAppendPlan<T> {
         KernelSku {
             category: OpCategory::KvCache,
             op: AttentionKind::PagedKvAppend,
-            element: T::KIND,
+            element: C::CACHE_KIND,
             aux_element: ElementKind::I32,
             layout: KvLayout::Hnd,
             epilogue: Epilogue::None,
@@ -197,11 +230,11 @@ impl<T: Element> PagedKvAppendPlan<T> {
         }
     }
 
-    /// What this plan promises about its numbers (exact copies).
+    /// What this plan promises about its numbers (exact copies, or correctly rounded codes).
     pub fn precision_guarantee(&self) -> PrecisionGuarantee {
         PrecisionGuarantee {
             math_precision: MathPrecision::Exact,
-            accumulator: T::KIND,
+            accumulator: T::CACHE_KIND,
             bit_stable_on_same_hardware: true,
             deterministic: true,
         }
@@ -212,7 +245,11 @@ impl<T: Element> PagedKvAppendPlan<T> {
     /// requests append to the same slot) on the GPU, synchronizes `stream` and reports the first
     /// violation as [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`]
     /// while `stream` is being captured into a graph.
-    pub fn check_page_table(&self, stream: &Arc<CudaStream>, args: &PagedKvAppendArgs<'_, T>) -> Result<()> {
+    pub fn check_page_table(
+        &self,
+        stream: &Arc<CudaStream>,
+        args: &PagedKvAppendArgs<'_, T, C>,
+    ) -> Result<()> {
         args.check_launch_context(&self.ctx, stream)?;
         self.can_implement(args)?;
         let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
@@ -231,12 +268,30 @@ impl<T: Element> PagedKvAppendPlan<T> {
     ///
     /// As [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run), operands of another context are [`Error::WrongDevice`]
     /// and a checked run while `stream` captures is [`Error::CheckedUnderCapture`].
+    ///
+    /// A quantizing plan divides by scales of 1 here; [`Self::run_scaled`] takes others.
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
-        _workspace: &mut Workspace<'_>,
-        args: &mut PagedKvAppendArgs<'_, T>,
+        workspace: &mut Workspace<'_>,
+        args: &mut PagedKvAppendArgs<'_, T, C>,
     ) -> Result<()> {
+        self.run_scaled(stream, workspace, args, KvScales::ONE)
+    }
+
+    /// [`Self::run`] quantizing with `scales` (key elements divided by `k_scale`, values by
+    /// `v_scale`): finite and positive, and 1 for a plan that copies.
+    pub fn run_scaled(
+        &self,
+        stream: &Arc<CudaStream>,
+        _workspace: &mut Workspace<'_>,
+        args: &mut PagedKvAppendArgs<'_, T, C>,
+        scales: KvScales,
+    ) -> Result<()> {
+        let scales = scales.check()?;
+        if !Self::QUANTIZES && scales != KvScales::ONE {
+            return Err(invalid(format!("{scales:?}: scales apply to quantizing appends only")));
+        }
         if self.pref.checked {
             self.check_page_table(stream, args)?;
         }
@@ -267,6 +322,8 @@ impl<T: Element> PagedKvAppendPlan<T> {
             head_dim: kv.head_dim as u32,
             num_total_pages: kv.num_total_pages as u32,
             num_indices: args.indices.shape[0] as u32,
+            k_scale: scales.k_scale,
+            v_scale: scales.v_scale,
         };
         let cfg = LaunchConfig {
             grid_dim: (self.desc.batch_size as u32, kv.num_kv_heads as u32, 1),

@@ -49,7 +49,10 @@ pub(super) fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {
             kv.head_dim
         )));
     }
-    if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16 | ElementKind::F32) {
+    if !matches!(
+        kv.element,
+        ElementKind::F16 | ElementKind::BF16 | ElementKind::F32 | ElementKind::E4M3 | ElementKind::E5M2
+    ) {
         return Err(Error::Unsupported(format!("element type {:?}", kv.element)));
     }
     let rows = kv.num_total_pages as u128 * kv.num_kv_heads as u128 * kv.page_size as u128;

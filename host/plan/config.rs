@@ -155,8 +155,12 @@ impl DecodeConfig {
         let d = kv.head_dim as u32;
         let (kernel, head_blocks, q_tiles, smem_bytes, ctas_per_sm) = match kv.element {
             ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, 16),
-            _ => {
-                let tiling = params::standard_tiling(d);
+            element => {
+                let tiling = if element.fp8_layout().is_some() {
+                    params::fp8_tiling(d)
+                } else {
+                    params::standard_tiling(d)
+                };
                 let per_cta = tiling.heads_per_cta;
                 let head_blocks = group.div_ceil(per_cta);
                 let q_tiles = group.min(per_cta).div_ceil(16);

@@ -18,15 +18,16 @@ use super::checks::{aligned, check_decode_descriptor, expect_layout};
 use super::config::{DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS};
 use super::table_check::{PageTableView, check_on_device};
 
-/// Arguments of [`BatchPagedDecodePlan::run`].
+/// Arguments of [`BatchPagedDecodePlan::run`]: q and o of type `T`, the K/V store of `C` (`T`
+/// itself, or 8-bit codes).
 #[derive(Debug)]
-pub struct BatchPagedDecodeArgs<'a, T> {
+pub struct BatchPagedDecodeArgs<'a, T, C = T> {
     /// `[batch, num_qo_heads, head_dim]`.
     pub q: TensorRef<'a, T, 3>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
-    pub k_data: TensorRef<'a, T, 4>,
+    pub k_data: TensorRef<'a, C, 4>,
     /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
-    pub v_data: TensorRef<'a, T, 4>,
+    pub v_data: TensorRef<'a, C, 4>,
     /// `[total_used_pages]`: page ids of all requests, concatenated.
     pub indices: TensorRef<'a, i32, 1>,
     /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
@@ -60,7 +61,7 @@ pub struct BatchPagedDecodeArgsLayout {
     pub lse: TensorLayout<2>,
 }
 
-impl<T> BatchPagedDecodeArgs<'_, T> {
+impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
     /// The data-free layouts of these arguments.
     pub fn layout(&self) -> BatchPagedDecodeArgsLayout {
         BatchPagedDecodeArgsLayout {
@@ -135,9 +136,18 @@ struct DecodeEntries {
 }
 
 impl DecodeEntries {
-    fn of(config: &DecodeConfig, desc: &BatchPagedDecodeDescriptor, pref: &PlanPreference) -> Self {
-        let name = |variant| {
-            entry::decode(config.kernel, variant, desc.paged_kv.element, desc.paged_kv.head_dim as u32)
+    /// The entries for `q` of type `q_element` (the cache's element type, or f16 / bf16 over an
+    /// 8-bit cache).
+    fn of(
+        config: &DecodeConfig,
+        desc: &BatchPagedDecodeDescriptor,
+        pref: &PlanPreference,
+        q_element: ElementKind,
+    ) -> Self {
+        let (cache, d) = (desc.paged_kv.element, desc.paged_kv.head_dim as u32);
+        let name = |variant| match cache.fp8_layout() {
+            Some(_) => entry::decode_fp8(variant, q_element, cache, d),
+            None => entry::decode(config.kernel, variant, cache, d),
         };
         let split = config.is_split();
         Self {
@@ -152,9 +162,11 @@ impl DecodeEntries {
     }
 }
 
-/// Batched decode over a paged K/V store.
+/// Batched decode over a paged K/V store: q and o of type `T`, K and V of `C` (`T` itself, or
+/// the 8-bit codes [`float8::F8E4M3`] / [`float8::F8E5M2`] with [`KvScales`], for f16 or bf16
+/// `T` on sm_90 and newer).
 #[derive(Debug)]
-pub struct BatchPagedDecodePlan<T: Element> {
+pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     desc: BatchPagedDecodeDescriptor,
     config: DecodeConfig,
     pref: PlanPreference,
@@ -172,17 +184,31 @@ pub struct BatchPagedDecodePlan<T: Element> {
     programmatic: bool,
     /// The context the kernels were loaded into: `run` launches only on its streams.
     ctx: Arc<CudaContext>,
-    _t: PhantomData<T>,
+    _t: PhantomData<(T, C)>,
 }
 
-impl<T: Element> BatchPagedDecodePlan<T> {
-    /// Validates `desc` for element `T` (no GPU needed).
+impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
+    /// Validates `desc` for q of type `T` over a cache of `C` (no GPU needed).
     pub fn check_descriptor(desc: &BatchPagedDecodeDescriptor) -> Result<()> {
         let kv = &desc.paged_kv;
-        if kv.element != T::KIND {
+        if kv.element != C::CACHE_KIND {
             return Err(invalid(format!(
-                "descriptor element {:?} does not match the plan's element type {:?}",
+                "descriptor element {:?} does not match the plan's cache element type {:?}",
                 kv.element,
+                C::CACHE_KIND
+            )));
+        }
+        if C::CACHE_KIND.fp8_layout().is_some() {
+            if !entry::FP8_Q_ELEMENTS.contains(&T::KIND) {
+                return Err(Error::Unsupported(format!(
+                    "q of type {:?} over an 8-bit cache (f16 and bf16 are supported)",
+                    T::KIND
+                )));
+            }
+        } else if C::CACHE_KIND != T::KIND {
+            return Err(invalid(format!(
+                "the cache element type {:?} must be q's type {:?} or an 8-bit float",
+                C::CACHE_KIND,
                 T::KIND
             )));
         }
@@ -230,7 +256,13 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         }
         let config = configure(desc, &props, &pref)?;
         let arch = ptx::build_for(props.compute_capability);
-        let entries = DecodeEntries::of(&config, desc, &pref);
+        if C::CACHE_KIND.fp8_layout().is_some() && arch != ArchSku::Sm90 {
+            return Err(Error::Unsupported(format!(
+                "an 8-bit K/V cache on compute capability {}.{}; sm_90 or newer is required",
+                props.compute_capability.0, props.compute_capability.1
+            )));
+        }
+        let entries = DecodeEntries::of(&config, desc, &pref, T::KIND);
         let whole_fn = match &entries.whole {
             Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
             None => None,
@@ -277,7 +309,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     }
 
     /// Checks the arguments against the plan's descriptor.
-    pub fn can_implement(&self, args: &BatchPagedDecodeArgs<'_, T>) -> Result<()> {
+    pub fn can_implement(&self, args: &BatchPagedDecodeArgs<'_, T, C>) -> Result<()> {
         Self::check_layout(&self.desc, &args.layout())
     }
 
@@ -291,7 +323,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
         KernelSku {
             category: OpCategory::Attention,
             op: AttentionKind::PagedAttention,
-            element: T::KIND,
+            element: C::CACHE_KIND,
             aux_element: ElementKind::F32,
             layout: KvLayout::Hnd,
             epilogue: Epilogue::OutputAndLse,
@@ -328,12 +360,33 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     /// Refused before anything is enqueued: a stream of another context than the plan's, or a
     /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]), and a
     /// checked run on a capturing stream ([`Error::CheckedUnderCapture`]).
+    ///
+    /// An 8-bit cache is read with scales of 1 (its codes are the values); [`Self::run_scaled`]
+    /// takes others.
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
         workspace: &mut Workspace<'_>,
-        args: &mut BatchPagedDecodeArgs<'_, T>,
+        args: &mut BatchPagedDecodeArgs<'_, T, C>,
     ) -> Result<()> {
+        self.run_scaled(stream, workspace, args, KvScales::ONE)
+    }
+
+    /// [`Self::run`] over an 8-bit cache whose codes stand for `k_scale · code` and
+    /// `v_scale · code`: the logits are `sm_scale · k_scale · q·code` (`lse` is their base-2
+    /// log-sum-exp) and the output is scaled by `v_scale`. Scales must be finite and positive,
+    /// and 1 for a 16-bit or f32 cache.
+    pub fn run_scaled(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T, C>,
+        scales: KvScales,
+    ) -> Result<()> {
+        let scales = scales.check()?;
+        if C::CACHE_KIND.fp8_layout().is_none() && scales != KvScales::ONE {
+            return Err(invalid(format!("{scales:?}: dequantization scales apply to 8-bit caches only")));
+        }
         if self.pref.checked {
             guard::refuse_capture(stream)?;
         }
@@ -409,6 +462,8 @@ impl<T: Element> BatchPagedDecodePlan<T> {
             // Only CTAs of the first wave can start before the previous kernel ends, and a
             // scheduled partition is known only after it.
             prefetch_ctas: if self.programmatic && !scheduled { self.config.wave_ctas } else { 0 },
+            k_scale: scales.k_scale,
+            v_scale: scales.v_scale,
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.
@@ -491,7 +546,7 @@ impl<T: Element> BatchPagedDecodePlan<T> {
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,
-        args: &BatchPagedDecodeArgs<'_, T>,
+        args: &BatchPagedDecodeArgs<'_, T, C>,
     ) -> Result<()> {
         args.check_launch_context(&self.ctx, stream)?;
         self.can_implement(args)?;
@@ -532,8 +587,15 @@ mod tests {
     /// Descriptors of every element type and several head dims, batches and groups, supported or
     /// not.
     fn descriptors() -> impl Iterator<Item = BatchPagedDecodeDescriptor> {
-        let elements =
-            [ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::I32, ElementKind::U8];
+        let elements = [
+            ElementKind::F16,
+            ElementKind::BF16,
+            ElementKind::F32,
+            ElementKind::I32,
+            ElementKind::U8,
+            ElementKind::E4M3,
+            ElementKind::E5M2,
+        ];
         let shapes = [(1, 1, 1), (3, 8, 4), (64, 8, 8), (1000, 2, 16), (33, 1, 64)];
         elements.into_iter().flat_map(move |element| {
             [32, 64, 96, 128, 256].into_iter().flat_map(move |head_dim| {
@@ -564,23 +626,33 @@ mod tests {
         let mut loaded = BTreeSet::new();
         for props in DEVICES {
             let shipped = ptx::entries(ptx::for_compute_capability(props.compute_capability));
+            let fp8_builds = ptx::build_for(props.compute_capability) == ArchSku::Sm90;
             for desc in descriptors() {
+                let fp8 = desc.paged_kv.element.fp8_layout().is_some();
+                if fp8 && !fp8_builds {
+                    continue; // `select` refuses 8-bit caches before sm_90
+                }
+                // q over an 8-bit cache: both types it takes.
+                let q_elements =
+                    if fp8 { entry::FP8_Q_ELEMENTS.to_vec() } else { vec![desc.paged_kv.element] };
                 for pref in &prefs {
                     let Ok(config) = configure(&desc, &props, pref) else { continue };
-                    let e = DecodeEntries::of(&config, &desc, pref);
-                    let names = [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
-                    for name in names.into_iter().flatten() {
-                        assert!(shipped.contains(&name), "{name} ({desc:?}, {pref:?}) is not in the PTX");
-                        loaded.insert(name.to_owned());
+                    for &q in &q_elements {
+                        let e = DecodeEntries::of(&config, &desc, pref, q);
+                        let names =
+                            [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
+                        for name in names.into_iter().flatten() {
+                            assert!(shipped.contains(&name), "{name} ({desc:?}, {pref:?}) is not in the PTX");
+                            loaded.insert(name.to_owned());
+                        }
                     }
                 }
             }
         }
         // The descriptors above reach every decode entry the host lists.
-        let listed: BTreeSet<String> = ptx::EXPECTED_ENTRIES
-            .iter()
-            .filter(|n| n.starts_with("decode_") || *n == entry::SCHEDULE_CHUNKS)
-            .cloned()
+        let listed: BTreeSet<String> = entry::of_build((9, 0))
+            .into_iter()
+            .filter(|n| n.starts_with("decode_") || n == entry::SCHEDULE_CHUNKS)
             .collect();
         assert_eq!(loaded, listed);
     }

@@ -39,10 +39,27 @@ pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind
     format!("decode_{kernel}{variant}_{}_d{head_dim}", element_name(element))
 }
 
+/// `decode_mma[_split]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16) over an
+/// 8-bit cache (sm_90 build only).
+pub fn decode_fp8(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
+    let split = if variant == DecodeVariant::Split { "_split" } else { "" };
+    format!("decode_mma{split}_{}_{}_d{head_dim}", element_name(q), element_name(cache))
+}
+
 /// `append_{element}`.
 pub fn append(element: ElementKind) -> String {
     format!("append_{}", element_name(element))
 }
+
+/// `append_{token}_{cache}`: quantizes f16 / bf16 tokens into an 8-bit cache (sm_90 build only).
+pub fn append_quantized(token: ElementKind, cache: ElementKind) -> String {
+    format!("append_{}_{}", element_name(token), element_name(cache))
+}
+
+/// Element types of q (and of quantized tokens) the 8-bit caches take.
+pub const FP8_Q_ELEMENTS: [ElementKind; 2] = [ElementKind::F16, ElementKind::BF16];
+/// The 8-bit cache formats.
+pub const FP8_CACHE_ELEMENTS: [ElementKind; 2] = [ElementKind::E4M3, ElementKind::E5M2];
 
 fn element_name(element: ElementKind) -> &'static str {
     match element {
@@ -58,8 +75,9 @@ fn element_name(element: ElementKind) -> &'static str {
 
 /// Every entry point the kernels provide for the host, in their order of definition: the
 /// tensor-core decode entries for 16-bit elements, whole and split, at each supported head_dim;
-/// the lean ones at [`LEAN_HEAD_DIMS`]; the CUDA-core decode entries for f32; the append entries;
-/// then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and [`READ_BANDWIDTH`].
+/// the lean ones at [`LEAN_HEAD_DIMS`]; the CUDA-core decode entries for f32; the append entries
+/// (`u8`: a byte copy, for tokens already quantized to 8 bits); then [`SCHEDULE_CHUNKS`],
+/// [`CHECK_PAGE_TABLE`] and [`READ_BANDWIDTH`]. The sm_90 build adds [`sm90_only`].
 pub fn all() -> Vec<String> {
     use DecodeVariant::{Lean, Split, Whole};
     let head_dims = SUPPORTED_HEAD_DIMS.map(|d| d as u32);
@@ -76,7 +94,35 @@ pub fn all() -> Vec<String> {
     for d in head_dims {
         names.extend([Whole, Split].map(|v| decode(DecodeKernel::Simt, v, ElementKind::F32, d)));
     }
-    names.extend([ElementKind::F16, ElementKind::BF16, ElementKind::F32].map(append));
+    names.extend([ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::U8].map(append));
     names.extend([SCHEDULE_CHUNKS, CHECK_PAGE_TABLE, READ_BANDWIDTH].map(String::from));
+    names
+}
+
+/// The entries of the sm_90 build only, in their order of definition: the tensor-core decode over
+/// 8-bit caches, whole and split, per cache format, q type and head_dim; then the quantizing
+/// appends.
+pub fn sm90_only() -> Vec<String> {
+    use DecodeVariant::{Split, Whole};
+    let mut names = Vec::new();
+    for cache in FP8_CACHE_ELEMENTS {
+        for q in FP8_Q_ELEMENTS {
+            for d in SUPPORTED_HEAD_DIMS.map(|d| d as u32) {
+                names.extend([Whole, Split].map(|v| decode_fp8(v, q, cache, d)));
+            }
+        }
+    }
+    for cache in FP8_CACHE_ELEMENTS {
+        names.extend(FP8_Q_ELEMENTS.map(|t| append_quantized(t, cache)));
+    }
+    names
+}
+
+/// Every entry of the build a device of compute capability `cc` loads.
+pub fn of_build(cc: (u32, u32)) -> Vec<String> {
+    let mut names = all();
+    if crate::ptx::build_for(cc) == crate::types::ArchSku::Sm90 {
+        names.extend(sm90_only());
+    }
     names
 }

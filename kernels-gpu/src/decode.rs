@@ -40,10 +40,12 @@
 
 use core::marker::PhantomData;
 
+use crate::cache::KvCache;
 use crate::element::{Elem, MmaElem};
+use crate::fp8_operands as fp8;
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
-use crate::params::{DECODE_THREADS, DecodeParams, MmaTiling, lean_tiling, standard_tiling};
+use crate::params::{DECODE_THREADS, DecodeParams, MmaTiling, fp8_tiling, lean_tiling, standard_tiling};
 use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
 
 pub(crate) const WARPS: u32 = DECODE_THREADS / 32;
@@ -69,6 +71,11 @@ impl<const D: u32> Tiling for Standard<D> {
 pub struct Lean<const D: u32>;
 impl<const D: u32> Tiling for Lean<D> {
     const T: MmaTiling = lean_tiling(D);
+}
+/// [`fp8_tiling`] for head_dim `D`.
+pub struct Fp8Standard<const D: u32>;
+impl<const D: u32> Tiling for Fp8Standard<D> {
+    const T: MmaTiling = fp8_tiling(D);
 }
 
 /// Slot in `indices` of the page holding token `t` of chunk `c`'s request (clamped into the
@@ -104,10 +111,11 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 /// The K/V copy pipeline of one chunk, as seen by one thread.
 ///
 /// The chunk's tokens stream global → shared in tiles of `tile_tokens` rows through a ring of
-/// `stages` stages, each holding the tile's K then its V (`[tile_tokens][D]` 16-bit, swizzled).
-/// Copies are 16-byte `cp.async` under an L2 evict-first policy (each K/V byte is read once per
-/// launch); thread `t` copies 16-byte column `t % (D / 8)` of every `128 / (D / 8)`-th row from
-/// row `t / (D / 8)`.
+/// `stages` stages, each holding the tile's K then its V (`[tile_tokens][D]` elements of
+/// `kv_bytes`, swizzled: [`swizzle`], or [`fp8::swizzle8`] for 8-bit codes). Copies are 16-byte
+/// `cp.async` under an L2 evict-first policy (each K/V byte is read once per launch); with
+/// `columns` 16-byte chunks per row, thread `t` copies chunk `t % columns` of every
+/// `128 / columns`-th row from row `t / columns`.
 ///
 /// Page lookups run one tile ahead: thread `r < tile_tokens` loads the page id of row `r` of a
 /// tile one iteration before the tile's copies are issued (the load's latency hides behind a tile
@@ -142,8 +150,8 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     #[inline(always)]
     fn new(p: &DecodeParams, chunk: &Chunk, stages_smem: u32, tid: u32) -> Self {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
-        let columns = D / 8;
-        let tile_bytes = tile_tokens * D * 2;
+        let columns = D * V::T.kv_bytes / 16;
+        let tile_bytes = tile_tokens * D * V::T.kv_bytes;
         let tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
         let column = tid % columns;
         let first_row = tid / columns;
@@ -186,7 +194,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     #[inline(always)]
     fn stage(&self, tile: u32) -> (u32, u32) {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
-        let tile_bytes = tile_tokens * D * 2;
+        let tile_bytes = tile_tokens * D * V::T.kv_bytes;
         let k_tile = self.stages_smem + (tile % stages) * 2 * tile_bytes;
         (k_tile, k_tile + tile_bytes)
     }
@@ -195,8 +203,8 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     #[inline(always)]
     fn kv_addr(&self, row: u32) -> (*const u8, *const u8) {
         (
-            mad_wide_u32(row, D * 2, self.k_column) as *const u8,
-            mad_wide_u32(row, D * 2, self.v_column) as *const u8,
+            mad_wide_u32(row, D * V::T.kv_bytes, self.k_column) as *const u8,
+            mad_wide_u32(row, D * V::T.kv_bytes, self.v_column) as *const u8,
         )
     }
 
@@ -205,15 +213,20 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     #[inline(always)]
     unsafe fn issue(&self, tile: u32) {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
-        let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
-        let row_step = DECODE_THREADS / (D / 8);
+        let columns = D * V::T.kv_bytes / 16;
+        let rows_per_thread = tile_tokens * columns / DECODE_THREADS;
+        let row_step = DECODE_THREADS / columns;
         let (k_dst, v_dst) = self.stage(tile);
         let valid_rows = V::tile_rows(self.begin, self.end, tile);
         let parked = self.ring + (tile % stages) * tile_tokens * 4;
         for i in 0..rows_per_thread {
             let r = self.first_row + i * row_step;
             let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
-            let dst = swizzle::<D>(r, self.column);
+            let dst = if V::T.kv_bytes == 1 {
+                fp8::swizzle8::<D>(r, self.column)
+            } else {
+                swizzle::<D>(r, self.column)
+            };
             let n = if r < valid_rows { 16 } else { 0 };
             unsafe {
                 cp_async_16(k_dst + dst, k, n, self.policy);
@@ -228,8 +241,9 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     #[inline(always)]
     unsafe fn prefetch_first_tiles(&self, p: &DecodeParams) {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
-        let rows_per_thread = tile_tokens * D / 8 / DECODE_THREADS;
-        let row_step = DECODE_THREADS / (D / 8);
+        let columns = D * V::T.kv_bytes / 16;
+        let rows_per_thread = tile_tokens * columns / DECODE_THREADS;
+        let row_step = DECODE_THREADS / columns;
         let linear_cta = block_idx().0 as u64 + grid_dim_x() as u64 * block_idx().1 as u64;
         if self.column % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
             for s in 0..stages - 1 {
@@ -277,7 +291,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
 ///   phases: thread `t` takes elements `t, t + 128, …`.
 #[inline(always)]
 pub unsafe fn decode_mma<
-    T: MmaElem,
+    C: KvCache,
     const D: u32,
     const QK: usize,
     const DN: usize,
@@ -289,7 +303,8 @@ pub unsafe fn decode_mma<
     p: &DecodeParams,
 ) {
     const { assert!(QK as u32 * 16 == D && DN as u32 * 8 * V::T.d_parts == D) };
-    const { assert!((V::T.tile_tokens * D / 8) % DECODE_THREADS == 0) };
+    const { assert!((V::T.tile_tokens * D * V::T.kv_bytes / 16) % DECODE_THREADS == 0) };
+    const { assert!(V::T.kv_bytes == if C::FP8 { 1 } else { 2 }) };
     // One thread per tile row resolves page lookups.
     const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
     let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
@@ -360,18 +375,26 @@ pub unsafe fn decode_mma<
         }
         cp_async_commit();
     }
-    // Q → shared (rows past the group are zero), while the first tiles are in flight.
-    let mut idx = tid;
-    while idx < q_tiles * 16 * columns {
-        let (r, c) = (idx / columns, idx % columns);
-        let v = if r < heads {
-            let off = (request * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
-            unsafe { ld_nc_v4((p.q as *const T).add(off) as *const u8) }
-        } else {
-            [0; 4]
-        };
-        unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
-        idx += DECODE_THREADS;
+    // Q → shared (rows past the group are zero), while the first tiles are in flight. An 8-bit
+    // cache also keeps each row's logit factor, after the page-row ring.
+    let row_scales = kv.ring + stages * tile_tokens * 4;
+    if C::FP8 {
+        let q_offset = (request * p.num_qo_heads + first_qo_head) as usize * D as usize;
+        unsafe { fp8::stage_q::<C, D>(p, q_smem, row_scales, q_offset, heads, q_tiles, swizzle::<D>) };
+    } else {
+        let mut idx = tid;
+        while idx < q_tiles * 16 * columns {
+            let (r, c) = (idx / columns, idx % columns);
+            let v = if r < heads {
+                let off =
+                    (request * p.num_qo_heads + first_qo_head + r) as usize * D as usize + (c * 8) as usize;
+                unsafe { ld_nc_v4((p.q as *const C::Io).add(off) as *const u8) }
+            } else {
+                [0; 4]
+            };
+            unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
+            idx += DECODE_THREADS;
+        }
     }
     sync_threads();
 
@@ -385,6 +408,14 @@ pub unsafe fn decode_mma<
     if V::T.q_in_regs {
         for kk in 0..QK {
             q_regs[kk] = q_fragment(kk as u32);
+        }
+    }
+    // Logit factor of the lane's rows (8-bit cache; the 16-bit kernels use `p.scale_log2`).
+    let mut row_scale = [0f32; 2];
+    if C::FP8 {
+        for r in 0..2 {
+            let row = q_tile * 16 + frag_row + 8 * r as u32;
+            row_scale[r] = f32::from_bits(unsafe { ld_shared_u32(row_scales + row * 4) });
         }
     }
 
@@ -419,19 +450,24 @@ pub unsafe fn decode_mma<
             // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
             // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
-            let mut s_odd = [[0f32; 4]; 2];
-            for kk in 0..QK {
-                let q_frag_k = if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
-                let k_row = row0 + (lane % 8) + 8 * (lane / 16);
-                let k_frag =
-                    unsafe { ldmatrix_x4(k_tile + swizzle::<D>(k_row, 2 * kk as u32 + (lane / 8) % 2)) };
-                let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };
-                T::mma(&mut acc[0], q_frag_k, k_frag[0], k_frag[1]);
-                T::mma(&mut acc[1], q_frag_k, k_frag[2], k_frag[3]);
-            }
-            for nt in 0..2 {
-                for i in 0..4 {
-                    s[nt][i] += s_odd[nt][i];
+            if C::FP8 {
+                let q_frag = |kk: usize| if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
+                s = unsafe { fp8::scores::<C, D, QK>(q_frag, k_tile, row0, lane) };
+            } else {
+                let mut s_odd = [[0f32; 4]; 2];
+                for kk in 0..QK {
+                    let q_frag_k = if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
+                    let k_row = row0 + (lane % 8) + 8 * (lane / 16);
+                    let k_frag =
+                        unsafe { ldmatrix_x4(k_tile + swizzle::<D>(k_row, 2 * kk as u32 + (lane / 8) % 2)) };
+                    let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };
+                    C::Mma::mma(&mut acc[0], q_frag_k, k_frag[0], k_frag[1]);
+                    C::Mma::mma(&mut acc[1], q_frag_k, k_frag[2], k_frag[3]);
+                }
+                for nt in 0..2 {
+                    for i in 0..4 {
+                        s[nt][i] += s_odd[nt][i];
+                    }
                 }
             }
             // Scale, mask tokens past the chunk, online softmax (rows frag_row and frag_row + 8).
@@ -439,9 +475,14 @@ pub unsafe fn decode_mma<
             let partial = t0 + row0 + 16 > chunk.end;
             for nt in 0..2 {
                 for i in 0..4 {
-                    s[nt][i] *= p.scale_log2;
+                    s[nt][i] *= if C::FP8 { row_scale[i / 2] } else { p.scale_log2 };
                     if partial {
-                        let t = t0 + row0 + nt as u32 * 8 + 2 * frag_col + (i as u32 & 1);
+                        let column = if C::FP8 {
+                            fp8::score_token(nt as u32, frag_col, i as u32 & 1)
+                        } else {
+                            nt as u32 * 8 + 2 * frag_col + (i as u32 & 1)
+                        };
+                        let t = t0 + row0 + column;
                         if t >= chunk.end {
                             s[nt][i] = f32::NEG_INFINITY;
                         }
@@ -473,17 +514,21 @@ pub unsafe fn decode_mma<
             }
             // O += P · V, P re-packed from the S accumulators as the A operand.
             let p_frag = [
-                T::pack2(s[0][0], s[0][1]),
-                T::pack2(s[0][2], s[0][3]),
-                T::pack2(s[1][0], s[1][1]),
-                T::pack2(s[1][2], s[1][3]),
+                C::Mma::pack2(s[0][0], s[0][1]),
+                C::Mma::pack2(s[0][2], s[0][3]),
+                C::Mma::pack2(s[1][0], s[1][1]),
+                C::Mma::pack2(s[1][2], s[1][3]),
             ];
-            for dn in 0..DN / 2 {
-                let v_row = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
-                let v_column = col0 / 8 + 2 * dn as u32 + lane / 16;
-                let v_frag = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(v_row, v_column)) };
-                T::mma(&mut o[2 * dn], p_frag, v_frag[0], v_frag[1]);
-                T::mma(&mut o[2 * dn + 1], p_frag, v_frag[2], v_frag[3]);
+            if C::FP8 {
+                unsafe { fp8::accumulate_pv::<C, D, DN>(&mut o, p_frag, v_tile, row0, col0, lane) };
+            } else {
+                for dn in 0..DN / 2 {
+                    let v_row = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
+                    let v_column = col0 / 8 + 2 * dn as u32 + lane / 16;
+                    let v_frag = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(v_row, v_column)) };
+                    C::Mma::mma(&mut o[2 * dn], p_frag, v_frag[0], v_frag[1]);
+                    C::Mma::mma(&mut o[2 * dn + 1], p_frag, v_frag[2], v_frag[3]);
+                }
             }
             block += phases;
         }
@@ -510,10 +555,22 @@ pub unsafe fn decode_mma<
         let row = frag_row + 8 * r as u32;
         if q_tile * 16 + row < heads {
             for n in 0..DN {
-                let col = n as u32 * 8 + 2 * frag_col;
-                unsafe {
-                    st_shared_v2_f32(my_part + (row * pitch + col) * 4, [o[n][2 * r], o[n][2 * r + 1]])
-                };
+                if C::FP8 {
+                    for j in 0..2 {
+                        let col = fp8::out_col::<DN>(n as u32, frag_col, j);
+                        unsafe {
+                            st_shared_u32(
+                                my_part + (row * pitch + col) * 4,
+                                o[n][2 * r + j as usize].to_bits(),
+                            )
+                        };
+                    }
+                } else {
+                    let col = n as u32 * 8 + 2 * frag_col;
+                    unsafe {
+                        st_shared_v2_f32(my_part + (row * pitch + col) * 4, [o[n][2 * r], o[n][2 * r + 1]])
+                    };
+                }
             }
             if frag_col == 0 {
                 unsafe {
@@ -552,16 +609,19 @@ pub unsafe fn decode_mma<
                 }
             }
         }
-        let inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
+        let mut inv = if l_all > 0.0 { 1.0 / l_all } else { 0.0 };
+        if C::FP8 {
+            inv *= p.v_scale;
+        }
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
         let qo = (request * p.num_qo_heads + first_qo_head + row) as usize;
         let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
         let v = [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv];
-        unsafe { write_row_quad::<T>(p, partial, qo, D, d4, v, lse) };
+        unsafe { write_row_quad::<C::Io>(p, partial, qo, D, d4, v, lse) };
         idx += DECODE_THREADS;
     }
     if SPLIT && chunk.request_chunks > 1 {
-        unsafe { finish_split::<T, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
+        unsafe { finish_split::<C::Io, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
     }
 }
 

@@ -4,6 +4,8 @@ use core::arch::asm;
 
 /// A storage element of Q, K, V and O.
 pub trait Elem: Copy {
+    /// Whether the type's range exceeds f16's, so that its values need a scale to become f16.
+    const WIDER_THAN_F16: bool;
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
     /// Stores 4 consecutive values at global address `dst` (aligned to 4 elements) in one
@@ -32,6 +34,7 @@ pub struct F16(pub u16);
 pub struct BF16(pub u16);
 
 impl Elem for f32 {
+    const WIDER_THAN_F16: bool = true;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -40,6 +43,7 @@ impl Elem for f32 {
     fn from_f32(v: f32) -> Self {
         v
     }
+
     #[inline(always)]
     unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
         unsafe { crate::intrinsics::st_global_v4_f32(dst, v) };
@@ -47,6 +51,7 @@ impl Elem for f32 {
 }
 
 impl Elem for F16 {
+    const WIDER_THAN_F16: bool = false;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         let r: u32;
@@ -63,6 +68,7 @@ impl Elem for F16 {
         };
         F16(h)
     }
+
     #[inline(always)]
     unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
         unsafe { store4_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
@@ -70,6 +76,7 @@ impl Elem for F16 {
 }
 
 impl Elem for BF16 {
+    const WIDER_THAN_F16: bool = true;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
@@ -82,6 +89,7 @@ impl Elem for BF16 {
         };
         BF16(h)
     }
+
     #[inline(always)]
     unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
         unsafe { store4_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
@@ -90,6 +98,8 @@ impl Elem for BF16 {
 
 /// 16-bit elements the tensor cores multiply: `mma.sync.m16n8k16` with f32 accumulation.
 pub trait MmaElem: Elem {
+    /// The element of raw bits `bits`.
+    fn from_bits(bits: u16) -> Self;
     /// Packs two f32 into one register, `lo` in the low half.
     fn pack2(lo: f32, hi: f32) -> u32;
     /// `acc += a · b` for one 16×8×16 tile.
@@ -99,6 +109,10 @@ pub trait MmaElem: Elem {
 macro_rules! mma_elem {
     ($t:ty, $cvt:literal, $mma:literal) => {
         impl MmaElem for $t {
+            #[inline(always)]
+            fn from_bits(bits: u16) -> Self {
+                Self(bits)
+            }
             #[inline(always)]
             fn pack2(lo: f32, hi: f32) -> u32 {
                 let r: u32;

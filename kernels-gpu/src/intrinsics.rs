@@ -517,3 +517,42 @@ pub fn allow_dependent_launch() {
 pub unsafe fn prefetch_l2(p: *const u8) {
     unsafe { asm!("prefetch.global.L2 [{p}];", p = in(reg64) p, options(nostack, readonly)) };
 }
+
+/// # Safety
+/// `addr` is a 16-byte-aligned `.shared` address of 16 readable bytes inside this CTA's shared
+/// memory.
+#[inline(always)]
+pub unsafe fn ld_shared_v4_u32(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) addr,
+             options(nostack))
+    };
+    [a, b, c, d]
+}
+
+/// # Safety
+/// `addr` is an 8-byte-aligned `.shared` address of 8 readable bytes inside this CTA's shared
+/// memory.
+#[inline(always)]
+pub unsafe fn ld_shared_v2_u32(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    unsafe {
+        asm!("ld.shared.v2.b32 {{{a}, {b}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr,
+             options(nostack))
+    };
+    [a, b]
+}
+
+/// `prmt.b32`: byte `i` of the result is byte `(selector >> 4i) & 7` of the pair `(b, a)`
+/// (bytes 0–3 from `a`, 4–7 from `b`).
+#[inline(always)]
+pub fn prmt(a: u32, b: u32, selector: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("prmt.b32 {r}, {a}, {b}, {s};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b,
+             s = in(reg32) selector, options(pure, nomem, nostack))
+    };
+    r
+}

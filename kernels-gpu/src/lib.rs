@@ -43,17 +43,20 @@
 
 pub mod append;
 pub mod bandwidth;
+pub mod cache;
 pub mod check;
 pub mod chunking;
 pub mod decode;
 pub mod element;
 pub mod fp8;
+pub mod fp8_operands;
 pub mod intrinsics;
 pub mod merge;
 pub mod params;
 pub mod partition;
 pub mod schedule;
 
+use cache::Native;
 use decode::{Lean, Standard, Tiling};
 use element::{BF16, F16};
 use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_merge_batch};
@@ -72,7 +75,7 @@ macro_rules! decode_mma_entry {
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
                 decode::decode_mma::<
-                    $t,
+                    Native<$t>,
                     $d,
                     { $d / 16 },
                     { $d / 8 / $tiling::<$d>::T.d_parts as usize },
@@ -102,6 +105,75 @@ decode_mma_entry!(decode_mma_lean_f16_d64, F16, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_f16_d128, F16, 128, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d64, BF16, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d128, BF16, 128, Lean, false);
+
+/// Tensor-core decode over an 8-bit cache (`cvt.rn.f16x2.e4m3x2` needs sm_89: the sm_90 build
+/// only).
+#[cfg(target_feature = "sm_90")]
+mod fp8_entries {
+    use crate::cache::{E4M3, E5M2, Fp8};
+    use crate::decode::{self, Fp8Standard, Tiling};
+    use crate::element::{BF16, F16};
+    use crate::params::{AppendParams, DecodeParams, decode_merge_batch};
+
+    macro_rules! decode_fp8_entry {
+        ($name:ident, $t:ty, $code:ty, $d:literal, $split:literal) => {
+            /// # Safety
+            /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
+                unsafe {
+                    decode::decode_mma::<
+                        Fp8<$t, $code>,
+                        $d,
+                        { $d / 16 },
+                        { $d / 8 / Fp8Standard::<$d>::T.d_parts as usize },
+                        { $d / 32 },
+                        Fp8Standard<$d>,
+                        $split,
+                        { decode_merge_batch($d) as usize },
+                    >(&p)
+                }
+            }
+        };
+    }
+    macro_rules! decode_fp8_entries {
+        ($($whole:ident, $split:ident, $t:ty, $code:ty, $d:literal;)*) => {
+            $(
+                decode_fp8_entry!($whole, $t, $code, $d, false);
+                decode_fp8_entry!($split, $t, $code, $d, true);
+            )*
+        };
+    }
+    decode_fp8_entries! {
+        decode_mma_f16_e4m3_d64, decode_mma_split_f16_e4m3_d64, F16, E4M3, 64;
+        decode_mma_f16_e4m3_d128, decode_mma_split_f16_e4m3_d128, F16, E4M3, 128;
+        decode_mma_f16_e4m3_d256, decode_mma_split_f16_e4m3_d256, F16, E4M3, 256;
+        decode_mma_bf16_e4m3_d64, decode_mma_split_bf16_e4m3_d64, BF16, E4M3, 64;
+        decode_mma_bf16_e4m3_d128, decode_mma_split_bf16_e4m3_d128, BF16, E4M3, 128;
+        decode_mma_bf16_e4m3_d256, decode_mma_split_bf16_e4m3_d256, BF16, E4M3, 256;
+        decode_mma_f16_e5m2_d64, decode_mma_split_f16_e5m2_d64, F16, E5M2, 64;
+        decode_mma_f16_e5m2_d128, decode_mma_split_f16_e5m2_d128, F16, E5M2, 128;
+        decode_mma_f16_e5m2_d256, decode_mma_split_f16_e5m2_d256, F16, E5M2, 256;
+        decode_mma_bf16_e5m2_d64, decode_mma_split_bf16_e5m2_d64, BF16, E5M2, 64;
+        decode_mma_bf16_e5m2_d128, decode_mma_split_bf16_e5m2_d128, BF16, E5M2, 128;
+        decode_mma_bf16_e5m2_d256, decode_mma_split_bf16_e5m2_d256, BF16, E5M2, 256;
+    }
+
+    macro_rules! append_quantized_entry {
+        ($name:ident, $t:ty, $format:expr) => {
+            /// # Safety
+            /// See [`append::append_quantized`](crate::append::append_quantized).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: AppendParams) {
+                unsafe { crate::append::append_quantized::<$t>(&p, $format) }
+            }
+        };
+    }
+    append_quantized_entry!(append_f16_e4m3, F16, crate::fp8::E4M3);
+    append_quantized_entry!(append_bf16_e4m3, BF16, crate::fp8::E4M3);
+    append_quantized_entry!(append_f16_e5m2, F16, crate::fp8::E5M2);
+    append_quantized_entry!(append_bf16_e5m2, BF16, crate::fp8::E5M2);
+}
 
 macro_rules! decode_simt_entry {
     ($name:ident, $t:ty, $d:literal, $split:literal) => {
@@ -133,6 +205,8 @@ macro_rules! append_entry {
 append_entry!(append_f16, F16);
 append_entry!(append_bf16, BF16);
 append_entry!(append_f32, f32);
+// Tokens already quantized to 8-bit codes: a byte copy.
+append_entry!(append_u8, u8);
 
 /// # Safety
 /// See [`check::check_page_table`].

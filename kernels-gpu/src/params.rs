@@ -62,6 +62,10 @@ pub struct DecodeParams {
     /// CTAs (in launch order) that prefetch their first K/V tiles into L2 while they wait for the
     /// previous kernel (programmatic dependent launch); 0 disables the prefetch.
     pub prefetch_ctas: u32,
+    /// 8-bit caches: dequantization scales, `k = k_scale · code` and `v = v_scale · code` (the
+    /// 16-bit kernels ignore them).
+    pub k_scale: f32,
+    pub v_scale: f32,
 }
 
 /// Parameters of the append kernel.
@@ -82,6 +86,9 @@ pub struct AppendParams {
     pub head_dim: u32,
     pub num_total_pages: u32,
     pub num_indices: u32,
+    /// Quantizing appends into an 8-bit store: the scales the tokens are divided by.
+    pub k_scale: f32,
+    pub v_scale: f32,
 }
 
 /// Parameters of the device-side page-table check.
@@ -137,6 +144,9 @@ pub struct MmaTiling {
     pub heads_per_cta: u32,
     /// Whether the query fragments stay in registers for the whole loop.
     pub q_in_regs: bool,
+    /// Bytes per K/V element in shared memory: 2, or 1 for an 8-bit cache (whose tiles are
+    /// dequantized in registers, and whose query rows also keep a logit factor each).
+    pub kv_bytes: u32,
 }
 
 /// The standard tiling: 16 KB of K and 16 KB of V per stage whatever the head_dim, three stages,
@@ -149,7 +159,15 @@ pub const fn standard_tiling(head_dim: u32) -> MmaTiling {
         d_parts: if head_dim > 128 { 2 } else { 1 },
         heads_per_cta: if head_dim > 128 { 32 } else { 64 },
         q_in_regs: head_dim <= 128,
+        kv_bytes: 2,
     }
+}
+
+/// The standard tiling over an 8-bit cache: the same tokens per tile (8 KB of K and of V per
+/// stage) and four stages, so that about as many bytes are in flight per CTA as in the 16-bit
+/// kernel while shared memory still holds two CTAs per SM.
+pub const fn fp8_tiling(head_dim: u32) -> MmaTiling {
+    MmaTiling { stages: 4, kv_bytes: 1, ..standard_tiling(head_dim) }
 }
 
 /// The lean tiling (head_dim 64 and 128): 8 KB of K and of V per stage, at most two 16-row query
@@ -164,6 +182,7 @@ pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
         d_parts: if head_dim >= 128 { 2 } else { 1 },
         heads_per_cta: 32,
         q_in_regs: false,
+        kv_bytes: 2,
     }
 }
 
@@ -171,12 +190,14 @@ pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
 pub const LEAN_MAX_REGISTERS: u32 = 128;
 
 /// Dynamic shared memory of the tensor-core kernel with `tiling` for `mma_tiles` 16-row query
-/// tiles: Q, the K/V stages, and the page rows of each stage.
+/// tiles: Q, the K/V stages, the page rows of each stage and, over an 8-bit cache, a logit
+/// factor per query row.
 pub const fn mma_smem_bytes(tiling: MmaTiling, head_dim: u32, mma_tiles: u32) -> u32 {
     let q = mma_tiles * 16 * head_dim * 2;
-    let kv = tiling.stages * 2 * tiling.tile_tokens * head_dim * 2;
+    let kv = tiling.stages * 2 * tiling.tile_tokens * head_dim * tiling.kv_bytes;
     let page_rows = tiling.stages * tiling.tile_tokens * 4;
-    q + kv + page_rows
+    let row_scales = if tiling.kv_bytes == 1 { mma_tiles * 16 * 4 } else { 0 };
+    q + kv + page_rows + row_scales
 }
 /// Largest batch whose page-table entries the split kernels' partition keeps in registers (one
 /// per lane), reading the page table once; larger batches re-read it (from L1) on every pass.
