@@ -162,7 +162,7 @@ pub use error::{Error, Result};
 pub use half;
 pub use plan::{
     BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, DecodePath, PagedKvAppendArgs,
-    PagedKvAppendArgsLayout, PagedKvAppendPlan,
+    PagedKvAppendArgsLayout, PagedKvAppendPairedArgs, PagedKvAppendPlan,
 };
 pub use tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 pub use types::*;

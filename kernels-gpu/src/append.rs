@@ -5,7 +5,8 @@
 //! to slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
 //! `last_page_len` outside `[1, page_size]`, or a page id outside the store, are skipped.
 //!
-//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row.
+//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row into
+//! the K/V views (any page, head and token strides, as the decode kernels read them).
 
 use crate::element::Elem;
 use crate::intrinsics::*;
@@ -32,9 +33,7 @@ pub unsafe fn append_token<T: Elem>(p: &AppendParams) {
         return;
     }
     let d = p.head_dim as usize;
-    let dst_row =
-        ((page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize + last as usize - 1)
-            * d;
+    let dst = store_row_bytes(p, page as u32, h, last as u32 - 1);
     let src_row = (b as usize * p.num_kv_heads as usize + h as usize) * d;
     let vectors = d * core::mem::size_of::<T>() / 16;
     let mut c = thread_idx() as usize;
@@ -42,9 +41,18 @@ pub unsafe fn append_token<T: Elem>(p: &AppendParams) {
         unsafe {
             let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
             let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));
-            *(((p.k_data as *mut T).add(dst_row) as *mut [u32; 4]).add(c)) = k;
-            *(((p.v_data as *mut T).add(dst_row) as *mut [u32; 4]).add(c)) = v;
+            *(((p.k_data as *mut u8).add(dst) as *mut [u32; 4]).add(c)) = k;
+            *(((p.v_data as *mut u8).add(dst) as *mut [u32; 4]).add(c)) = v;
         }
         c += 32;
     }
+}
+
+/// Byte offset of row (`page`, KV head `h`, `slot`) in the K/V views (their strides).
+#[inline(always)]
+fn store_row_bytes(p: &AppendParams, page: u32, h: u32, slot: u32) -> usize {
+    (page as usize * p.kv_page_stride as usize
+        + h as usize * p.kv_head_stride as usize
+        + slot as usize * p.kv_token_stride as usize)
+        * 16
 }
