@@ -5,7 +5,7 @@ use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::error::{Error, Result};
-use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs};
+use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs, PagedKvAppendPairedArgs};
 use crate::tensor::Workspace;
 
 /// [`Error::WrongDevice`] unless `found` is the context `expected` (same driver context).
@@ -76,5 +76,19 @@ impl<T, C> PagedKvAppendArgs<'_, T, C> {
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
         stream_in_plan_context(plan_ctx, stream)?;
         self.check_context(plan_ctx)
+    }
+}
+
+impl<T, C> PagedKvAppendPairedArgs<'_, T, C> {
+    /// `stream` and every tensor live in `plan_ctx` ([`Error::WrongDevice`] naming the first
+    /// that does not).
+    pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
+        stream_in_plan_context(plan_ctx, stream)?;
+        same_context(plan_ctx, "key", self.key.context())?;
+        same_context(plan_ctx, "value", self.value.context())?;
+        same_context(plan_ctx, "kv_data", self.kv_data.context())?;
+        same_context(plan_ctx, "indices", self.indices.context())?;
+        same_context(plan_ctx, "indptr", self.indptr.context())?;
+        same_context(plan_ctx, "last_page_len", self.last_page_len.context())
     }
 }

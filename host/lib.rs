@@ -163,7 +163,7 @@ pub use float8;
 pub use half;
 pub use plan::{
     BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan, DecodePath, PagedKvAppendArgs,
-    PagedKvAppendArgsLayout, PagedKvAppendPlan,
+    PagedKvAppendArgsLayout, PagedKvAppendPairedArgs, PagedKvAppendPlan,
 };
 pub use tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 pub use types::*;

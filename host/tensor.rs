@@ -63,6 +63,11 @@ impl<'a, T, const N: usize> TensorRef<'a, T, N> {
     pub fn new(data: CudaView<'a, T>, shape: [i32; N]) -> Self {
         Self { data, shape, stride: row_major_strides(shape) }
     }
+    /// A view of `data` with `shape` and element strides `stride` (the K/V stores of the plans
+    /// take any page, head and token strides; see [`crate::KvLayout`]).
+    pub fn strided(data: CudaView<'a, T>, shape: [i32; N], stride: [i64; N]) -> Self {
+        Self { data, shape, stride }
+    }
     /// Number of elements (0 if any extent is non-positive).
     pub fn numel(&self) -> usize {
         numel(self.shape)
@@ -85,6 +90,10 @@ impl<'a, T, const N: usize> TensorMut<'a, T, N> {
     /// A contiguous row-major view of `data` with `shape`.
     pub fn new(data: CudaViewMut<'a, T>, shape: [i32; N]) -> Self {
         Self { data, shape, stride: row_major_strides(shape) }
+    }
+    /// A view of `data` with `shape` and element strides `stride`.
+    pub fn strided(data: CudaViewMut<'a, T>, shape: [i32; N], stride: [i64; N]) -> Self {
+        Self { data, shape, stride }
     }
     /// Number of elements (0 if any extent is non-positive).
     pub fn numel(&self) -> usize {

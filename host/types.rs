@@ -177,10 +177,46 @@ pub enum AttentionKind {
 }
 
 /// Memory layout of the paged K/V store.
+///
+/// The plans take K and V as views of shape `[num_total_pages, num_kv_heads, page_size,
+/// head_dim]` with any element strides on the page, head and token axes (`head_dim` contiguous;
+/// every stride and the view's address 16-byte aligned; K and V with the same strides), which
+/// covers each layout below; [`KvLayout::strides`] and [`KvLayout::interleaved_strides`] give
+/// the strides of the common ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvLayout {
     /// `[pages, kv_heads, page_size, head_dim]`.
     Hnd,
+    /// `[pages, page_size, kv_heads, head_dim]` (FlashInfer's default).
+    Nhd,
+    /// Any page, head and token strides (what the plans' kernels take).
+    Strided,
+}
+
+impl KvLayout {
+    /// Element strides, in the plans' `[pages, kv_heads, page_size, head_dim]` axis order, of a
+    /// contiguous store of this layout for `kv` ([`KvLayout::Strided`] gives HND's).
+    pub fn strides(self, kv: &PagedKvCacheDescriptor) -> [i64; 4] {
+        let (heads, ps, d) =
+            (kv.num_kv_heads.max(0) as i64, kv.page_size.max(0) as i64, kv.head_dim.max(0) as i64);
+        // Saturating: defined for any descriptor (`select` bounds the real ones).
+        let page = heads.saturating_mul(ps).saturating_mul(d);
+        match self {
+            KvLayout::Nhd => [page, d, heads.saturating_mul(d), 1],
+            KvLayout::Hnd | KvLayout::Strided => [page, ps.saturating_mul(d), d, 1],
+        }
+    }
+
+    /// K and V interleaved per page in one allocation, `[pages, 2, …]` with this layout inside
+    /// each half (vLLM's `[blocks, 2, block_size, kv_heads, head_dim]` is [`KvLayout::Nhd`],
+    /// FlashInfer's 5-D tensor either): the strides of both views, and the element offset of V's
+    /// first row from K's.
+    pub fn interleaved_strides(self, kv: &PagedKvCacheDescriptor) -> ([i64; 4], usize) {
+        let mut stride = self.strides(kv);
+        let half = stride[0];
+        stride[0] = half.saturating_mul(2);
+        (stride, half as usize)
+    }
 }
 
 /// What is computed after the attention itself.
@@ -318,6 +354,21 @@ pub struct BatchPagedDecodeDescriptor {
     pub sm_scale: f32,
     /// Geometry of the K/V store read.
     pub paged_kv: PagedKvCacheDescriptor,
+}
+
+/// Attention variant of a decode plan
+/// ([`BatchPagedDecodePlan::select_variant`](crate::BatchPagedDecodePlan::select_variant)); the
+/// default is plain softmax attention. The semantics are those of
+/// [`reference::decode_variant`](crate::reference::decode_variant). Attention sinks are a
+/// run-time tensor ([`BatchPagedDecodePlan::run_with_sinks`](crate::BatchPagedDecodePlan::run_with_sinks)).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttentionVariantDescriptor {
+    /// Logits soft-cap (Gemma 2): every scaled logit `s` becomes `cap · tanh(s / cap)` before
+    /// the softmax and in `lse`. Finite and positive; selects the soft-cap kernels.
+    pub logits_soft_cap: Option<f32>,
+    /// Sliding window: a request of `len` tokens attends to its last `window_left + 1` tokens
+    /// (from `len - 1 - window_left`); only their pages are read. `None` attends to all.
+    pub window_left: Option<u32>,
 }
 
 /// Appending one token per request.

@@ -14,9 +14,9 @@ use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
 use paged_decode::reference::{self, AttentionVariant, KvScales, KvView, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
-    BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Element, ElementKind,
-    Error, PagedKvAppendArgsLayout, PagedKvAppendDescriptor, PagedKvAppendPlan, PagedKvCacheDescriptor,
-    PlanPreference, Result, TensorLayout, ptx,
+    AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
+    Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
+    PagedKvAppendPlan, PagedKvCacheDescriptor, PlanPreference, Result, TensorLayout, ptx,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -553,6 +553,8 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
                 wave_ctas,
                 // Any lean launch too (the rule only makes ones the device holds).
                 lean: (mma && num_splits % 2 == 0).then_some(LeanLaunch { head_blocks, smem_bytes }),
+                // Any window too.
+                window_left: (min_chunk % 3 == 0).then_some(preferred_chunk),
             },
         )
         .boxed()
@@ -561,6 +563,7 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
 fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_indices: usize) {
     let _ = cfg.num_chunks(desc);
     let _ = cfg.launched_chunks(desc, num_indices);
+    let _ = cfg.attended_tokens(desc, num_indices);
     let ws = cfg.workspace_size(desc);
     assert!(cfg.is_split() || ws == 0);
     for n in [0, 1, 7, u32::MAX] {
@@ -718,6 +721,24 @@ proptest! {
     }
 
     #[test]
+    fn attention_variants_never_panic(
+        desc in decode_desc(),
+        cap in prop::option::of(prop_oneof![any::<f32>(), 0.0f32..200.0]),
+        window_left in prop::option::of(prop_oneof![any::<u32>(), 0u32..5000]),
+    ) {
+        let variant = AttentionVariantDescriptor { logits_soft_cap: cap, window_left };
+        let r = BatchPagedDecodePlan::<f16>::check_variant(&desc, &variant);
+        prop_assert!(is_typed_rejection(&r), "{r:?}");
+        if r.is_ok() {
+            prop_assert!(cap.is_none_or(|c| c.is_finite() && c > 0.0));
+        }
+        for layout in [KvLayout::Hnd, KvLayout::Nhd, KvLayout::Strided] {
+            let _ = layout.strides(&desc.paged_kv);
+            let _ = layout.interleaved_strides(&desc.paged_kv);
+        }
+    }
+
+    #[test]
     fn append_descriptor_never_panics(desc in append_desc()) {
         append_descriptor_case::<f16>(&desc)?;
         append_descriptor_case::<bf16>(&desc)?;
@@ -726,24 +747,31 @@ proptest! {
 
     #[test]
     fn decode_layout_never_panics((desc, args) in decode_args()) {
+        // K/V views take any strides; some (K and V differing, rows beyond 64 GiB) are
+        // unsupported rather than invalid.
         let r = BatchPagedDecodePlan::<f16>::check_layout(&desc, &args);
-        prop_assert!(matches!(r, Ok(()) | Err(Error::InvalidProblem(_))), "{r:?}");
+        prop_assert!(is_typed_rejection(&r), "{r:?}");
         if r.is_ok() {
             prop_assert!(args.q.storage_len >= args.q.numel());
-            prop_assert!(args.k_data.storage_len >= args.k_data.numel());
+            prop_assert!(args.k_data.stride[3] == 1 && args.k_data.stride == args.v_data.stride);
             prop_assert!(args.o.is_contiguous() && args.lse.is_contiguous());
             prop_assert!(args.indices.shape[0] >= 0);
         }
         let r = BatchPagedDecodePlan::<f32>::check_layout(&desc, &args);
-        prop_assert!(matches!(r, Ok(()) | Err(Error::InvalidProblem(_))), "{r:?}");
+        prop_assert!(is_typed_rejection(&r), "{r:?}");
     }
 
     #[test]
     fn append_layout_never_panics((desc, args) in append_args()) {
         let r = PagedKvAppendPlan::<bf16>::check_layout(&desc, &args);
-        prop_assert!(matches!(r, Ok(()) | Err(Error::InvalidProblem(_))), "{r:?}");
+        prop_assert!(is_typed_rejection(&r), "{r:?}");
         if r.is_ok() {
-            prop_assert!(args.key.is_contiguous() && args.v_data.storage_len >= args.v_data.numel());
+            prop_assert!(args.key.is_contiguous() && args.k_data.stride == args.v_data.stride);
+        }
+        // K and V in one allocation, V at any offset.
+        for v_offset in [0, 1, 8, args.k_data.storage_len / 2, usize::MAX] {
+            let r = PagedKvAppendPlan::<f32>::check_paired_layout(&desc, &args, v_offset);
+            prop_assert!(is_typed_rejection(&r), "{r:?}");
         }
     }
 

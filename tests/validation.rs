@@ -5,9 +5,9 @@ use half::{bf16, f16};
 use paged_decode::device::{DeviceProps, driver_available};
 use paged_decode::plan::{DecodeConfig, MAX_SPLITS};
 use paged_decode::{
-    BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, Element,
-    ElementKind, Error, PagedKvAppendArgsLayout, PagedKvAppendDescriptor, PagedKvAppendPlan,
-    PagedKvCacheDescriptor, Result, TensorLayout,
+    AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
+    Device, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
+    PagedKvAppendPlan, PagedKvCacheDescriptor, Result, TensorLayout,
 };
 
 type F16Decode = BatchPagedDecodePlan<f16>;
@@ -268,7 +268,13 @@ fn grid_and_size_limits() {
         F16Append::check_descriptor(&PagedKvAppendDescriptor { batch_size: 1, paged_kv: huge }),
         &["K/V store", "2^32"],
     );
-    let just_fits = kv(ElementKind::F16, 1 << 16, 1 << 8, (1 << 8) - 1, 64);
+    // Rows within 2^32 but more than 64 GiB (2^32 16-byte units, the kernels' u32 offsets).
+    let too_large = kv(ElementKind::F16, 1 << 16, 1 << 8, (1 << 8) - 1, 64);
+    expect_unsupported(
+        F16Append::check_descriptor(&PagedKvAppendDescriptor { batch_size: 1, paged_kv: too_large }),
+        &["K/V store", "64 GiB"],
+    );
+    let just_fits = kv(ElementKind::F16, 1 << 13, 1 << 8, (1 << 8) - 1, 64);
     F16Append::check_descriptor(&PagedKvAppendDescriptor { batch_size: 1, paged_kv: just_fits }).unwrap();
 }
 
@@ -324,10 +330,9 @@ fn decode_wrong_shapes() {
 fn decode_non_contiguous_views() {
     let (desc, good) = decode_case();
     type Edit = fn(&mut BatchPagedDecodeArgsLayout, bool);
-    let tensors: [(&str, Edit); 8] = [
+    // (K and V are strided views: `decode_strided_kv_views`.)
+    let tensors: [(&str, Edit); 6] = [
         ("q", |a, p| a.q = if p { permuted(a.q) } else { broadcast(a.q) }),
-        ("k_data", |a, p| a.k_data = if p { permuted(a.k_data) } else { broadcast(a.k_data) }),
-        ("v_data", |a, p| a.v_data = if p { permuted(a.v_data) } else { broadcast(a.v_data) }),
         ("indices", |a, p| a.indices.stride = [if p { 2 } else { 0 }]),
         ("indptr", |a, p| a.indptr.stride = [if p { -1 } else { 0 }]),
         ("last_page_len", |a, p| a.last_page_len.stride = [if p { 3 } else { 0 }]),
@@ -377,6 +382,183 @@ fn decode_storage_too_small() {
     F16Decode::check_layout(&desc, &args).unwrap();
 }
 
+// ---- strided K/V views and attention variants ----
+
+/// `t` with strides `stride` over `storage_len` elements.
+fn strided<const N: usize>(t: TensorLayout<N>, stride: [i64; N], storage_len: usize) -> TensorLayout<N> {
+    TensorLayout { stride, storage_len, ..t }
+}
+
+#[test]
+fn kv_layout_strides() {
+    let kv = kv(ElementKind::F16, 16, 32, 2, 64);
+    assert_eq!(KvLayout::Hnd.strides(&kv), [2 * 16 * 64, 16 * 64, 64, 1]);
+    assert_eq!(KvLayout::Nhd.strides(&kv), [16 * 2 * 64, 64, 2 * 64, 1]);
+    // vLLM's [blocks, 2, block_size, kv_heads, D]: V half a block after K.
+    assert_eq!(KvLayout::Nhd.interleaved_strides(&kv), ([2 * 16 * 2 * 64, 64, 2 * 64, 1], 16 * 2 * 64));
+    assert_eq!(KvLayout::Hnd.interleaved_strides(&kv), ([2 * 2 * 16 * 64, 16 * 64, 64, 1], 2 * 16 * 64));
+    // The reference's views of the same layouts have the same strides.
+    let data = vec![f16::ZERO; 32 * 2 * 16 * 64];
+    let nhd = paged_decode::reference::KvView::nhd(&data, &kv);
+    assert_eq!(
+        [nhd.page_stride, nhd.head_stride, nhd.token_stride, 1],
+        KvLayout::Nhd.strides(&kv).map(|s| s as usize)
+    );
+    let hnd = paged_decode::reference::KvView::hnd(&data, &kv);
+    assert_eq!(
+        [hnd.page_stride, hnd.head_stride, hnd.token_stride, 1],
+        KvLayout::Hnd.strides(&kv).map(|s| s as usize)
+    );
+}
+
+#[test]
+fn decode_strided_kv_views() {
+    let (desc, good) = decode_case();
+    let kv = desc.paged_kv;
+    let numel = good.k_data.numel();
+    let with_kv =
+        |k: TensorLayout<4>, v: TensorLayout<4>| BatchPagedDecodeArgsLayout { k_data: k, v_data: v, ..good };
+    // NHD, interleaved K/V (each view over the allocation from its first row), pages of a pool
+    // shared by 3 layers, and a broadcast head (stride 0): accepted.
+    let nhd = strided(good.k_data, KvLayout::Nhd.strides(&kv), numel);
+    F16Decode::check_layout(&desc, &with_kv(nhd, nhd)).unwrap();
+    for layout in [KvLayout::Nhd, KvLayout::Hnd] {
+        let (stride, v_offset) = layout.interleaved_strides(&kv);
+        let k = strided(good.k_data, stride, 2 * numel);
+        let v = strided(good.k_data, stride, 2 * numel - v_offset);
+        F16Decode::check_layout(&desc, &with_kv(k, v)).unwrap();
+        // A V view over the whole allocation from K's start would be fine too; one element
+        // short of the last row is not.
+        let short_v = strided(good.k_data, stride, 2 * numel - v_offset - 1);
+        expect_invalid(
+            F16Decode::check_layout(&desc, &with_kv(k, short_v)),
+            &["v_data: storage holds", "needs"],
+        );
+    }
+    let mut pool = KvLayout::Hnd.strides(&kv);
+    pool[0] *= 3;
+    let pooled = strided(good.k_data, pool, 3 * numel - 2 * numel / 32);
+    F16Decode::check_layout(&desc, &with_kv(pooled, pooled)).unwrap();
+    let one_head = strided(good.k_data, [16 * 64, 0, 64, 1], 32 * 16 * 64);
+    F16Decode::check_layout(&desc, &with_kv(one_head, one_head)).unwrap();
+
+    // Rejected: head_dim not contiguous, a negative stride, strides that are not 16-byte
+    // multiples, rows past the storage.
+    let bad: [([i64; 4], usize, &[&str]); 5] = [
+        ([2048, 1024, 64, 2], 2 * numel, &["head_dim axis must be contiguous"]),
+        ([2048, -1024, 64, 1], numel, &["negative"]),
+        ([2048, 1024, 68, 1], 2 * numel, &["stride 68 of axis 2", "16 bytes"]),
+        ([2052, 1024, 64, 1], 2 * numel, &["stride 2052 of axis 0", "16 bytes"]),
+        ([4096, 1024, 64, 1], numel, &["k_data: storage holds", "needs"]),
+    ];
+    for (stride, storage, parts) in bad {
+        let k = strided(good.k_data, stride, storage);
+        let v = strided(good.v_data, stride, storage);
+        expect_invalid(F16Decode::check_layout(&desc, &with_kv(k, v)), parts);
+    }
+    // K and V must share their strides; rows beyond 2^32 16-byte units are unsupported.
+    expect_unsupported(F16Decode::check_layout(&desc, &with_kv(nhd, good.v_data)), &["different strides"]);
+    let far = [1 << 31, 1024, 64, 1];
+    let huge = strided(good.k_data, far, usize::MAX);
+    expect_unsupported(F16Decode::check_layout(&desc, &with_kv(huge, huge)), &["k_data", "64 GiB"]);
+    // f32 elements: strides in multiples of 4 elements.
+    let desc32 = decode_desc(ElementKind::F32, 3, 8, 2, 64);
+    let good32 = BatchPagedDecodeArgsLayout::contiguous(&desc32, 10);
+    let k = strided(good32.k_data, [2048, 1024, 68, 1], 2 * numel);
+    BatchPagedDecodePlan::<f32>::check_layout(
+        &desc32,
+        &BatchPagedDecodeArgsLayout { k_data: k, v_data: k, ..good32 },
+    )
+    .unwrap();
+    let k = strided(good32.k_data, [2048, 1024, 66, 1], 2 * numel);
+    expect_invalid(
+        BatchPagedDecodePlan::<f32>::check_layout(
+            &desc32,
+            &BatchPagedDecodeArgsLayout { k_data: k, v_data: k, ..good32 },
+        ),
+        &["stride 66", "16 bytes"],
+    );
+}
+
+#[test]
+fn append_strided_kv_views() {
+    let (desc, good) = append_case();
+    let kv = desc.paged_kv;
+    let numel = good.k_data.numel();
+    let nhd = strided(good.k_data, KvLayout::Nhd.strides(&kv), numel);
+    F16Append::check_layout(&desc, &PagedKvAppendArgsLayout { k_data: nhd, v_data: nhd, ..good }).unwrap();
+    expect_unsupported(
+        F16Append::check_layout(&desc, &PagedKvAppendArgsLayout { k_data: nhd, ..good }),
+        &["different strides"],
+    );
+    // K and V in one allocation: the K view over the whole allocation, V `v_offset` further.
+    let (stride, v_offset) = KvLayout::Nhd.interleaved_strides(&kv);
+    let paired = PagedKvAppendArgsLayout { k_data: strided(good.k_data, stride, 2 * numel), ..good };
+    F16Append::check_paired_layout(&desc, &paired, v_offset).unwrap();
+    expect_invalid(F16Append::check_paired_layout(&desc, &paired, v_offset + 1), &["v_offset", "16 bytes"]);
+    expect_invalid(F16Append::check_paired_layout(&desc, &paired, v_offset + 8), &["v_data: storage holds"]);
+    expect_invalid(
+        F16Append::check_paired_layout(&desc, &paired, 2 * numel + 8),
+        &["v_offset", "past the storage"],
+    );
+    let bad = strided(good.k_data, [2048, 1024, 64, 2], 2 * numel);
+    expect_invalid(
+        F16Append::check_layout(&desc, &PagedKvAppendArgsLayout { k_data: bad, v_data: bad, ..good }),
+        &["k_data", "contiguous"],
+    );
+}
+
+#[test]
+fn variants_are_validated() {
+    let desc = decode_desc(ElementKind::F16, 4, 32, 8, 128);
+    let ok = |logits_soft_cap, window_left| {
+        F16Decode::check_variant(&desc, &AttentionVariantDescriptor { logits_soft_cap, window_left }).unwrap()
+    };
+    ok(None, None);
+    for cap in [1e-3, 1.0, 30.0, 50.0, 100.0, 1e6] {
+        ok(Some(cap), None);
+    }
+    for w in [0, 1, 127, 4095, u32::MAX - 1, u32::MAX] {
+        ok(None, Some(w));
+        ok(Some(30.0), Some(w));
+    }
+    for cap in [0.0, -1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0] {
+        let variant = AttentionVariantDescriptor { logits_soft_cap: Some(cap), window_left: None };
+        expect_invalid(F16Decode::check_variant(&desc, &variant), &["logits_soft_cap"]);
+    }
+    // The descriptor is checked too.
+    let variant = AttentionVariantDescriptor::default();
+    expect_invalid(
+        F16Decode::check_variant(&decode_desc(ElementKind::F16, 4, 30, 8, 128), &variant),
+        &["multiple"],
+    );
+}
+
+#[test]
+fn window_bounds_the_launched_chunks() {
+    // One request of a 4096-token page table: split into many chunks without a window, into
+    // one with a window of 128 tokens.
+    let desc = decode_desc(ElementKind::F16, 1, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    assert!(cfg.is_split());
+    let pages = 4096 / 16;
+    assert_eq!(cfg.attended_tokens(&desc, pages), 4096);
+    assert!(cfg.launched_chunks(&desc, pages) > 8, "{cfg:?}");
+    for (w, tokens) in [(127, 128), (0, 1), (4095, 4096), (u32::MAX, 4096)] {
+        let windowed = DecodeConfig { window_left: Some(w), ..cfg };
+        assert_eq!(windowed.attended_tokens(&desc, pages), tokens, "window {w}");
+        assert!(windowed.launched_chunks(&desc, pages) <= cfg.launched_chunks(&desc, pages));
+    }
+    // 128 tokens: two chunks of the smallest size (one 64-token tile each) at most.
+    assert_eq!(DecodeConfig { window_left: Some(127), ..cfg }.launched_chunks(&desc, pages), 2);
+    // A batch: at most `window_left + 1` tokens per request.
+    let desc = decode_desc(ElementKind::F16, 8, 32, 8, 128);
+    let cfg =
+        DecodeConfig { window_left: Some(1023), ..DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap() };
+    assert_eq!(cfg.attended_tokens(&desc, 8 * 512), 8 * 1024);
+    assert_eq!(cfg.attended_tokens(&desc, 8 * 4), 8 * 4 * 16);
+}
+
 // ---- append layouts ----
 
 #[test]
@@ -410,11 +592,9 @@ fn append_wrong_shapes() {
 fn append_non_contiguous_views() {
     let (desc, good) = append_case();
     type Edit = fn(&mut PagedKvAppendArgsLayout, bool);
-    let tensors: [(&str, Edit); 7] = [
+    let tensors: [(&str, Edit); 5] = [
         ("key", |a, p| a.key = if p { permuted(a.key) } else { broadcast(a.key) }),
         ("value", |a, p| a.value = if p { permuted(a.value) } else { broadcast(a.value) }),
-        ("k_data", |a, p| a.k_data = if p { permuted(a.k_data) } else { broadcast(a.k_data) }),
-        ("v_data", |a, p| a.v_data = if p { permuted(a.v_data) } else { broadcast(a.v_data) }),
         ("indices", |a, p| a.indices.stride = [if p { 2 } else { 0 }]),
         ("indptr", |a, p| a.indptr.stride = [if p { -1 } else { 0 }]),
         ("last_page_len", |a, p| a.last_page_len.stride = [if p { 3 } else { 0 }]),

@@ -3,6 +3,8 @@
 //!
 //! Method (as the FlashInfer harness): random data, pages in random permutation, 20 `run` calls
 //! captured in one graph, median of 15 replays ÷ 20. Bytes are `2·Σlen·Hkv·D·sizeof(T) + 2·|q|·sizeof(T)`.
+//! (a window row: only the window's tokens). Rows may set `layout` (HND / NHD), `soft_cap` and
+//! `window_left`, as the anchor's `variant-shapes.json`.
 
 use std::path::PathBuf;
 
@@ -12,7 +14,10 @@ use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::float8::{F8E4M3, F8E5M2};
-use paged_decode::{BatchPagedDecodePlan, Device, Element, Error, PlanPreference, Result, ptx};
+use paged_decode::{
+    AttentionVariantDescriptor, BatchPagedDecodePlan, Device, Element, Error, KvLayout, PlanPreference,
+    Result, ptx,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, rel_l2, tolerances};
@@ -45,6 +50,15 @@ pub struct Shape {
     /// An 8-bit K/V cache: `e4m3` or `e5m2` (q and o stay in `dtype`).
     #[serde(default)]
     pub kv_dtype: Option<String>,
+    /// K/V store layout: `HND` (default) or `NHD`.
+    #[serde(default)]
+    pub layout: Option<String>,
+    /// Logits soft-cap (`cap · tanh(logits / cap)`).
+    #[serde(default)]
+    pub soft_cap: Option<f32>,
+    /// Sliding window: the last `window_left + 1` tokens; negative (FlashInfer's -1) or absent: all.
+    #[serde(default)]
+    pub window_left: Option<i64>,
 }
 
 impl Shape {
@@ -57,6 +71,23 @@ impl Shape {
             (None, None) => vec![0; batch],
         };
         ProblemSpec { lens, ..ProblemSpec::uniform(batch, 0, self.hq, self.hkv, self.d, self.page) }
+    }
+
+    /// The attention variant of this row.
+    pub fn variant(&self) -> AttentionVariantDescriptor {
+        AttentionVariantDescriptor {
+            logits_soft_cap: self.soft_cap,
+            window_left: self.window_left.and_then(|w| u32::try_from(w).ok()),
+        }
+    }
+
+    /// The K/V layout of this row ([`Error::InvalidProblem`] for a name other than HND / NHD).
+    pub fn kv_layout(&self) -> Result<KvLayout> {
+        match self.layout.as_deref() {
+            None | Some("HND") => Ok(KvLayout::Hnd),
+            Some("NHD") => Ok(KvLayout::Nhd),
+            Some(other) => Err(Error::InvalidProblem(format!("{}: unknown layout {other}", self.name))),
+        }
     }
 
     /// Number of requests: `batch`, else the number of `lens`.
@@ -218,8 +249,10 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
 ) -> Result<BenchRow> {
     let spec = ProblemSpec { indices_slack, ..shape.spec() };
     let host = HostProblem::<T, C>::random(&spec)?;
-    let plan = BatchPagedDecodePlan::<T, C>::select(&device.stream, &host.desc, pref)?;
-    let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?;
+    let (variant, layout) = (shape.variant(), shape.kv_layout()?);
+    let plan = BatchPagedDecodePlan::<T, C>::select_variant(&device.stream, &host.desc, &variant, pref)?;
+    let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?
+        .with_layout(layout, &host.desc.paged_kv);
     let max_rel_err = if check {
         let (mut args, mut ws) = dev.args_and_workspace();
         plan.run_scaled(&device.stream, &mut ws, &mut args, host.scales)?;
@@ -228,7 +261,12 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
         let (tol, _) = tolerances(T::KIND);
         let mut worst: f64 = 0.0;
         for b in [0, spec.batch() / 2, spec.batch() - 1] {
-            let r = host.reference_request(b)?;
+            let reference_variant = paged_decode::reference::AttentionVariant {
+                logits_soft_cap: variant.logits_soft_cap,
+                window_left: variant.window_left,
+                sinks: None,
+            };
+            let r = host.reference_request_variant(b, reference_variant, layout)?;
             let err = rel_l2(o[b * row..(b + 1) * row].iter().map(|x| x.to_f64()), &r.o);
             if err.is_nan() || err > tol {
                 return Err(Error::InvalidProblem(format!(
@@ -243,7 +281,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
         None
     };
     let t = time_plan(device, &plan, &mut dev, host.scales, 20, 15)?;
-    let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND) as f64 / (t.us * 1e-6) / 1e12;
+    let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND, variant.window_left) as f64 / (t.us * 1e-6) / 1e12;
     Ok(BenchRow {
         name: shape.name.clone(),
         us: t.us,
@@ -456,12 +494,23 @@ mod tests {
             kv_len in prop::option::of(any::<usize>()),
             lens in prop::option::of(prop::collection::vec(any::<usize>(), 0..5)),
             (hq, hkv, d, page) in (any::<usize>(), any::<usize>(), any::<usize>(), any::<usize>()),
+            (layout, soft_cap, window_left) in (
+                prop::option::of(prop::sample::select(vec!["HND", "NHD", "hnd", ""])),
+                prop::option::of(any::<f32>()),
+                prop::option::of(any::<i64>()),
+            ),
         ) {
-            let shape =
-                Shape { name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into(), kv_dtype: None };
+            let layout = layout.map(String::from);
+            let shape = Shape {
+                name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into(), kv_dtype: None, layout, soft_cap, window_left,
+            };
             let spec = shape.spec();
             prop_assert_eq!(spec.batch(), shape.lens.as_ref().map_or(batch.unwrap_or(0), |l| l.len()));
             let _ = spec.kv_bytes(paged_decode::ElementKind::BF16);
+            let variant = shape.variant();
+            let _ = spec.kv_bytes_window(paged_decode::ElementKind::F16, variant.window_left);
+            let r = shape.kv_layout();
+            prop_assert!(r.is_ok() || matches!(r, Err(Error::InvalidProblem(_))));
         }
     }
 }

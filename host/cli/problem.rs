@@ -93,13 +93,21 @@ impl ProblemSpec {
 
     /// Bytes of K and V read (what FlashInfer's harness counts, plus q); saturating.
     pub fn kv_bytes(&self, element: ElementKind) -> usize {
-        self.bytes_moved(element, element)
+        self.bytes_moved(element, element, None)
     }
 
-    /// Bytes of K and V of `cache` elements read plus q and o of `q` elements (FlashInfer's
-    /// harness's count: `2 · Σ len · hkv · d · sizeof(cache) + 2 · |q| · sizeof(q)`); saturating.
-    pub fn bytes_moved(&self, q: ElementKind, cache: ElementKind) -> usize {
-        let tokens = self.lens.iter().fold(0usize, |acc, &l| acc.saturating_add(l));
+    /// [`Self::kv_bytes`] with a sliding window: only the window's K/V, `min(len, window_left +
+    /// 1)` tokens per request (as the anchor harness counts them).
+    pub fn kv_bytes_window(&self, element: ElementKind, window_left: Option<u32>) -> usize {
+        self.bytes_moved(element, element, window_left)
+    }
+
+    /// Bytes of K and V of `cache` elements read (only a sliding window's tokens) plus q and o of
+    /// `q` elements (FlashInfer's harness's count: `2 · Σ len · hkv · d · sizeof(cache) + 2 · |q| ·
+    /// sizeof(q)`); saturating.
+    pub fn bytes_moved(&self, q: ElementKind, cache: ElementKind, window_left: Option<u32>) -> usize {
+        let attended = |l: usize| window_left.map_or(l, |w| l.min((w as usize).saturating_add(1)));
+        let tokens = self.lens.iter().fold(0usize, |acc, &l| acc.saturating_add(attended(l)));
         let product = |dims: &[usize]| dims.iter().fold(2usize, |acc, &d| acc.saturating_mul(d));
         product(&[tokens, self.num_kv_heads, self.head_dim, cache.size_bytes()]).saturating_add(product(&[
             self.batch(),
@@ -273,6 +281,18 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
     /// Float64 reference output of request `b` alone (`o`: `[Hq, D]`, `lse`: `[Hq]`);
     /// [`Error::InvalidProblem`] when `b` or its rows lie outside the problem.
     pub fn reference_request(&self, b: usize) -> Result<paged_decode::reference::DecodeOutput> {
+        self.reference_request_variant(b, Default::default(), KvLayout::Hnd)
+    }
+
+    /// [`Self::reference_request`] with an attention variant, the stores read as `layout`
+    /// (contiguous HND or NHD: the same buffers, another order of the same random data).
+    pub fn reference_request_variant(
+        &self,
+        b: usize,
+        variant: paged_decode::reference::AttentionVariant<'_>,
+        layout: KvLayout,
+    ) -> Result<paged_decode::reference::DecodeOutput> {
+        use paged_decode::reference::KvView;
         let outside = || invalid(format!("request {b} lies outside this problem"));
         let at = |i: usize| self.indptr.get(i).and_then(|&v| usize::try_from(v).ok());
         let (start, stop) = (at(b).ok_or_else(outside)?, at(b + 1).ok_or_else(outside)?);
@@ -284,7 +304,19 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         let indptr = [0, indices.len() as i32];
         let last = [*self.last_page_len.get(b).ok_or_else(outside)?];
         let table = PageTable { indptr: &indptr, indices, last_page_len: &last };
-        self.reference_of(&desc, q, table)
+        if C::CACHE_KIND.fp8_layout().is_some() {
+            if variant != Default::default() || layout != KvLayout::Hnd {
+                return Err(invalid("8-bit caches: the reference takes plain attention over HND stores"));
+            }
+            return self.reference_of(&desc, q, table);
+        }
+        let values = |data: &[C]| data.iter().map(|c| T::from_f64(c.value(1.0))).collect::<Vec<T>>();
+        let (k, v) = (values(&self.k_data), values(&self.v_data));
+        let view = |data| match layout {
+            KvLayout::Nhd => KvView::nhd(data, &self.desc.paged_kv),
+            _ => KvView::hnd(data, &self.desc.paged_kv),
+        };
+        paged_decode::reference::decode_strided(&desc, variant, q, view(&k), view(&v), table)
     }
 
     /// Float64 reference output of every request.
@@ -333,6 +365,9 @@ pub struct DeviceProblem<T, C = T> {
     pub lse: CudaSlice<f32>,
     /// Workspace bytes (at least one).
     pub workspace: CudaSlice<u8>,
+    /// Element strides of the K/V views over `k_data` / `v_data` (contiguous HND from
+    /// [`Self::upload`]; [`Self::with_layout`] changes them).
+    pub kv_stride: [i64; 4],
     shape: (i32, i32, i32, [i32; 4]),
 }
 
@@ -358,8 +393,15 @@ impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
             o: stream.alloc_zeros(host.q.len())?,
             lse: stream.alloc_zeros((b.max(0) as usize).saturating_mul(hq.max(0) as usize))?,
             workspace: stream.alloc_zeros(workspace_bytes.max(1))?,
+            kv_stride: KvLayout::Hnd.strides(kv),
             shape: (b, hq, n, [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d]),
         })
+    }
+
+    /// These buffers with the K/V stores viewed as contiguous `layout` (HND or NHD: the same
+    /// number of elements, the host data in another order).
+    pub fn with_layout(self, layout: KvLayout, kv: &PagedKvCacheDescriptor) -> Self {
+        Self { kv_stride: layout.strides(kv), ..self }
     }
 
     /// Decode arguments viewing these buffers.
@@ -386,8 +428,8 @@ impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
         let d = store[3];
         let args = BatchPagedDecodeArgs {
             q: TensorRef::new(q.unwrap_or_else(|| self.q.slice(..)), [b, hq, d]),
-            k_data: TensorRef::new(self.k_data.slice(..), store),
-            v_data: TensorRef::new(self.v_data.slice(..), store),
+            k_data: TensorRef::strided(self.k_data.slice(..), store, self.kv_stride),
+            v_data: TensorRef::strided(self.v_data.slice(..), store, self.kv_stride),
             indices: TensorRef::new(self.indices.slice(..), [n]),
             indptr: TensorRef::new(self.indptr.slice(..), [b.saturating_add(1)]),
             last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),
@@ -410,8 +452,8 @@ impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
         PagedKvAppendArgs {
             key: TensorRef::new(key.slice(..), row),
             value: TensorRef::new(value.slice(..), row),
-            k_data: TensorMut::new(self.k_data.slice_mut(..), store),
-            v_data: TensorMut::new(self.v_data.slice_mut(..), store),
+            k_data: TensorMut::strided(self.k_data.slice_mut(..), store, self.kv_stride),
+            v_data: TensorMut::strided(self.v_data.slice_mut(..), store, self.kv_stride),
             indices: TensorRef::new(self.indices.slice(..), [n]),
             indptr: TensorRef::new(self.indptr.slice(..), [b.saturating_add(1)]),
             last_page_len: TensorRef::new(self.last_page_len.slice(..), [b]),

@@ -15,7 +15,9 @@ use crate::ptx::{self, entry};
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 use crate::types::*;
 
-use super::checks::{aligned, check_paged_kv, expect_layout, positive};
+use super::checks::{
+    KvStrides, aligned, check_paged_kv, expect_kv_view, expect_layout, positive, same_kv_strides,
+};
 use super::table_check::{PageTableView, check_on_device};
 
 /// Arguments of [`PagedKvAppendPlan::run`]: tokens of type `T` into a store of `C` (`T` itself,
@@ -26,9 +28,12 @@ pub struct PagedKvAppendArgs<'a, T, C = T> {
     pub key: TensorRef<'a, T, 3>,
     /// `[batch, num_kv_heads, head_dim]`: the new token's values.
     pub value: TensorRef<'a, T, 3>,
-    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the key store written to.
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]`: the key store written to, HND
+    /// when contiguous, else a view with any page, head and token strides as the decode plan
+    /// takes ([`BatchPagedDecodeArgs::k_data`](super::BatchPagedDecodeArgs::k_data)). K and V
+    /// interleaved in one allocation: [`PagedKvAppendPairedArgs`].
     pub k_data: TensorMut<'a, C, 4>,
-    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND): the value store written to.
+    /// The value store written to, a view of the same shape and strides as `k_data`.
     pub v_data: TensorMut<'a, C, 4>,
     /// `[total_used_pages]`: page ids of all requests, concatenated (including the new token's page).
     pub indices: TensorRef<'a, i32, 1>,
@@ -70,6 +75,29 @@ impl<T, C> PagedKvAppendArgs<'_, T, C> {
             last_page_len: self.last_page_len.layout(),
         }
     }
+}
+
+/// Arguments of [`PagedKvAppendPlan::run_paired`]: K and V stores in one allocation, such as
+/// vLLM's `[blocks, 2, block_size, kv_heads, head_dim]` or FlashInfer's `[pages, 2, …]` tensor
+/// (see [`KvLayout::interleaved_strides`]), which two mutable views cannot share.
+#[derive(Debug)]
+pub struct PagedKvAppendPairedArgs<'a, T, C = T> {
+    /// `[batch, num_kv_heads, head_dim]`: the new token's keys.
+    pub key: TensorRef<'a, T, 3>,
+    /// `[batch, num_kv_heads, head_dim]`: the new token's values.
+    pub value: TensorRef<'a, T, 3>,
+    /// The K store as a `[num_total_pages, num_kv_heads, page_size, head_dim]` view with
+    /// strides, over the allocation from K's row (0, 0, 0) on; the V store is the view of the
+    /// same strides `v_offset` elements further, inside the same storage.
+    pub kv_data: TensorMut<'a, C, 4>,
+    /// Element offset of V's row (0, 0, 0) from K's (16-byte aligned).
+    pub v_offset: usize,
+    /// `[total_used_pages]`: page ids of all requests, concatenated (including the new token's page).
+    pub indices: TensorRef<'a, i32, 1>,
+    /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
+    pub indptr: TensorRef<'a, i32, 1>,
+    /// `[batch]`: tokens in each request's last page, counting the new token (so at least 1).
+    pub last_page_len: TensorRef<'a, i32, 1>,
 }
 
 impl PagedKvAppendArgsLayout {
@@ -147,16 +175,48 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         Ok(())
     }
 
-    /// Checks every argument's shape, contiguity and storage size (no GPU needed).
+    /// Checks every argument's shape, contiguity (strides of the K/V views) and storage size
+    /// (no GPU needed).
     pub fn check_layout(desc: &PagedKvAppendDescriptor, args: &PagedKvAppendArgsLayout) -> Result<()> {
+        Self::kv_strides(desc, args).map(|_| ())
+    }
+
+    /// [`Self::check_layout`] of paired arguments ([`PagedKvAppendPairedArgs`]): `kv_data` is
+    /// the K view, and the V view of its strides at `v_offset` elements must fit the storage too.
+    pub fn check_paired_layout(
+        desc: &PagedKvAppendDescriptor,
+        args: &PagedKvAppendArgsLayout,
+        v_offset: usize,
+    ) -> Result<()> {
+        Self::kv_strides(desc, &Self::paired_layout(args, v_offset)?).map(|_| ())
+    }
+
+    /// `args` with `v_data` the V view of a paired store: `k_data`'s strides, `v_offset`
+    /// elements further into its storage.
+    fn paired_layout(args: &PagedKvAppendArgsLayout, v_offset: usize) -> Result<PagedKvAppendArgsLayout> {
+        let storage_len = args.k_data.storage_len.checked_sub(v_offset).ok_or_else(|| {
+            invalid(format!(
+                "v_offset {v_offset} lies past the storage of {} elements",
+                args.k_data.storage_len
+            ))
+        })?;
+        if !(v_offset as u128 * std::mem::size_of::<C>() as u128).is_multiple_of(16) {
+            return Err(invalid(format!("v_offset {v_offset} is not a multiple of 16 bytes")));
+        }
+        Ok(PagedKvAppendArgsLayout { v_data: TensorLayout { storage_len, ..args.k_data }, ..*args })
+    }
+
+    /// [`Self::check_layout`], returning the K/V views' strides in 16-byte units.
+    fn kv_strides(desc: &PagedKvAppendDescriptor, args: &PagedKvAppendArgsLayout) -> Result<KvStrides> {
         let kv = &desc.paged_kv;
         let b = desc.batch_size;
         let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
         let row = [b, kv.num_kv_heads, kv.head_dim];
         expect_layout("key", &args.key, row, "[batch_size, num_kv_heads, head_dim]")?;
         expect_layout("value", &args.value, row, "[batch_size, num_kv_heads, head_dim]")?;
-        expect_layout("k_data", &args.k_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
-        expect_layout("v_data", &args.v_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        let size = C::CACHE_KIND.size_bytes();
+        let k = expect_kv_view("k_data", &args.k_data, store, size)?;
+        let strides = same_kv_strides(k, expect_kv_view("v_data", &args.v_data, store, size)?)?;
         if args.indices.shape[0] < 0 {
             return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
         }
@@ -165,7 +225,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             b.checked_add(1).ok_or_else(|| invalid("batch_size + 1 (the length of indptr) overflows i32"))?;
         expect_layout("indptr", &args.indptr, [b1], "[batch_size + 1]")?;
         expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
-        Ok(())
+        Ok(strides)
     }
 
     /// Validates `desc` and loads the append kernel for `stream`'s device.
@@ -222,7 +282,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             op: AttentionKind::PagedKvAppend,
             element: C::CACHE_KIND,
             aux_element: ElementKind::I32,
-            layout: KvLayout::Hnd,
+            layout: KvLayout::Strided,
             epilogue: Epilogue::None,
             arch: self.arch,
             backend: BackendKind::RustPtx,
@@ -296,15 +356,71 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             self.check_page_table(stream, args)?;
         }
         args.check_launch_context(&self.ctx, stream)?;
-        self.can_implement(args)?;
-        let kv = &self.desc.paged_kv;
-        let (key, _a) = args.key.data.device_ptr(stream);
-        let (value, _b) = args.value.data.device_ptr(stream);
-        let (indices, _i) = args.indices.data.device_ptr(stream);
-        let (indptr, _p) = args.indptr.data.device_ptr(stream);
-        let (last, _l) = args.last_page_len.data.device_ptr(stream);
+        let strides = Self::kv_strides(&self.desc, &args.layout())?;
         let (k, _k) = args.k_data.data.device_ptr_mut(stream);
         let (v, _v) = args.v_data.data.device_ptr_mut(stream);
+        let table = [&args.key, &args.value].map(|t| t.data.device_ptr(stream));
+        let page_table =
+            [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
+        let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
+        let tokens = [table[0].0, table[1].0];
+        self.launch(stream, tokens, [k, v], strides, page_table_ptrs, args.indices.shape[0], scales)
+    }
+
+    /// [`Self::run`] into K and V stores that share one allocation ([`PagedKvAppendPairedArgs`]:
+    /// vLLM's and FlashInfer's interleaved `[pages, 2, …]` tensors).
+    pub fn run_paired(
+        &self,
+        stream: &Arc<CudaStream>,
+        _workspace: &mut Workspace<'_>,
+        args: &mut PagedKvAppendPairedArgs<'_, T, C>,
+    ) -> Result<()> {
+        let layout = PagedKvAppendArgsLayout {
+            key: args.key.layout(),
+            value: args.value.layout(),
+            k_data: args.kv_data.layout(),
+            v_data: args.kv_data.layout(),
+            indices: args.indices.layout(),
+            indptr: args.indptr.layout(),
+            last_page_len: args.last_page_len.layout(),
+        };
+        let layout = Self::paired_layout(&layout, args.v_offset)?;
+        args.check_launch_context(&self.ctx, stream)?;
+        let strides = Self::kv_strides(&self.desc, &layout)?;
+        if self.pref.checked {
+            let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
+            check_on_device(
+                stream,
+                &self.check_fn,
+                table,
+                self.desc.batch_size as u32,
+                &self.desc.paged_kv,
+                true,
+            )?;
+        }
+        let (k, _k) = args.kv_data.data.device_ptr_mut(stream);
+        let v = k + (args.v_offset * std::mem::size_of::<C>()) as u64;
+        let table = [&args.key, &args.value].map(|t| t.data.device_ptr(stream));
+        let page_table =
+            [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
+        let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
+        let tokens = [table[0].0, table[1].0];
+        self.launch(stream, tokens, [k, v], strides, page_table_ptrs, args.indices.shape[0], KvScales::ONE)
+    }
+
+    /// Launches the append kernel on device addresses whose tensors were checked against the
+    /// descriptor (`key`/`value`, the K/V views, `indices`/`indptr`/`last_page_len`).
+    fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        [key, value]: [u64; 2],
+        [k, v]: [u64; 2],
+        strides: KvStrides,
+        [indices, indptr, last]: [u64; 3],
+        num_indices: i32,
+        scales: KvScales,
+    ) -> Result<()> {
+        let kv = &self.desc.paged_kv;
         for (name, ptr) in [("key", key), ("value", value), ("k_data", k), ("v_data", v)] {
             aligned(name, ptr, 16)?;
         }
@@ -321,18 +437,22 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             page_size: kv.page_size as u32,
             head_dim: kv.head_dim as u32,
             num_total_pages: kv.num_total_pages as u32,
-            num_indices: args.indices.shape[0] as u32,
+            num_indices: num_indices as u32,
             k_scale: scales.k_scale,
             v_scale: scales.v_scale,
+            kv_page_stride: strides.page,
+            kv_head_stride: strides.head,
+            kv_token_stride: strides.token,
         };
         let cfg = LaunchConfig {
             grid_dim: (self.desc.batch_size as u32, kv.num_kv_heads as u32, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every tensor lives in the stream's context, which is the plan's (checked above),
-        // and holds its shape (`can_implement`); the kernel bounds-checks the page table before
-        // it writes, and the view guards order the launch after earlier uses of the tensors.
+        // SAFETY: every tensor lives in the stream's context, which is the plan's (checked by the
+        // callers), and holds its shape and every row of the K/V views (`kv_strides`); the kernel
+        // bounds-checks the page table before it writes, and the callers' view guards, alive
+        // until this returns, order the launch after earlier uses of the tensors.
         unsafe { stream.launch_builder(&self.append_fn).arg(&p).launch(cfg)? };
         Ok(())
     }

@@ -61,6 +61,13 @@ pub(super) fn check_paged_kv(kv: &PagedKvCacheDescriptor) -> Result<()> {
             "the paged K/V store has {rows} rows (pages × kv_heads × page_size); at most 2^32 - 1 are supported"
         )));
     }
+    // The kernels address rows in u32 16-byte units from the view's start.
+    let bytes = rows * kv.head_dim as u128 * kv.element.size_bytes() as u128;
+    if bytes / 16 > u32::MAX as u128 {
+        return Err(Error::Unsupported(format!(
+            "the paged K/V store spans {bytes} bytes; at most 2^32 16-byte units (64 GiB) per K or V store are supported"
+        )));
+    }
     Ok(())
 }
 
@@ -101,4 +108,74 @@ pub(super) fn aligned(name: &'static str, ptr: u64, required: usize) -> Result<(
         return Err(Error::MisalignedOperand { operand: name, required });
     }
     Ok(())
+}
+
+/// Strides of a validated K/V view, in 16-byte units (the kernels' `kv_*_stride`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct KvStrides {
+    pub(super) page: u32,
+    pub(super) head: u32,
+    pub(super) token: u32,
+}
+
+/// Checks a K or V store view of `shape` (`[num_total_pages, num_kv_heads, page_size,
+/// head_dim]`) over elements of `elem_bytes` bytes: the shape, `head_dim` contiguous, the other
+/// strides non-negative multiples of 16 bytes, every row inside the storage, and the farthest
+/// row within 2^32 16-byte units of the view's start (the kernels' offsets are u32). Returns
+/// the strides in 16-byte units.
+pub(super) fn expect_kv_view(
+    name: &str,
+    t: &TensorLayout<4>,
+    shape: [i32; 4],
+    elem_bytes: usize,
+) -> Result<KvStrides> {
+    let meaning = "[num_total_pages, num_kv_heads, page_size, head_dim]";
+    if t.shape != shape {
+        return Err(invalid(format!("{name}: shape {:?} must be {meaning} = {shape:?}", t.shape)));
+    }
+    if t.stride[3] != 1 {
+        return Err(invalid(format!(
+            "{name}: the head_dim axis must be contiguous (stride 1), got {}",
+            t.stride[3]
+        )));
+    }
+    let mut far = 0u128; // element offset of the farthest row
+    let mut units = [0u32; 3];
+    for (axis, unit) in units.iter_mut().enumerate() {
+        let (stride, extent) = (t.stride[axis], shape[axis]);
+        if stride < 0 {
+            return Err(invalid(format!("{name}: stride {stride} of axis {axis} is negative")));
+        }
+        let bytes = stride as u128 * elem_bytes as u128;
+        if !bytes.is_multiple_of(16) {
+            return Err(invalid(format!(
+                "{name}: stride {stride} of axis {axis} is not a multiple of 16 bytes ({elem_bytes}-byte elements)"
+            )));
+        }
+        far += stride as u128 * (extent.max(1) - 1) as u128;
+        *unit = u32::try_from(bytes / 16).unwrap_or(u32::MAX);
+    }
+    let end = far + shape[3].max(0) as u128;
+    if end > t.storage_len as u128 {
+        return Err(invalid(format!(
+            "{name}: storage holds {} elements, the view (strides {:?}) needs {end}",
+            t.storage_len, t.stride
+        )));
+    }
+    if far * elem_bytes as u128 / 16 > u32::MAX as u128 {
+        return Err(Error::Unsupported(format!(
+            "{name}: rows more than 2^32 16-byte units (64 GiB) from the view's start"
+        )));
+    }
+    Ok(KvStrides { page: units[0], head: units[1], token: units[2] })
+}
+
+/// The strides K and V share: the kernels address both stores with one row offset.
+pub(super) fn same_kv_strides(k: KvStrides, v: KvStrides) -> Result<KvStrides> {
+    if k != v {
+        return Err(Error::Unsupported(format!(
+            "k_data and v_data have different strides ({k:?} and {v:?}, in 16-byte units); they must match"
+        )));
+    }
+    Ok(k)
 }

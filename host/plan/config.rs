@@ -73,6 +73,10 @@ pub struct DecodeConfig {
     /// The lean kernel's launch (16-bit elements, head_dim 64 or 128), which `run` takes for
     /// short requests ([`PlanPreference::lean_max_avg_tokens`]).
     pub lean: Option<LeanLaunch>,
+    /// The plan's sliding window ([`AttentionVariantDescriptor::window_left`]; `choose` leaves
+    /// it `None`): no request attends to more than `window_left + 1` tokens, which bounds the
+    /// chunks launched and the lean rule's tokens per request ([`Self::attended_tokens`]).
+    pub window_left: Option<u32>,
 }
 
 /// Which kernel `run` launches for a page table of a given size
@@ -194,6 +198,7 @@ impl DecodeConfig {
             preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
             wave_ctas: wave.min(u32::MAX as u64) as u32,
             lean: LeanLaunch::for_descriptor(desc, props),
+            window_left: None,
         };
         let base = desc.batch_size.max(0) as u64 * probe.ctas_per_chunk(desc); // CTAs, unsplit
         let fits = |s: u32| Self { num_splits: s, ..probe }.fits(desc, max_workspace_bytes);
@@ -331,15 +336,25 @@ impl DecodeConfig {
         if !self.is_split() {
             return batch;
         }
-        let page_size = desc.paged_kv.page_size.max(0) as u64;
         crate::chunking::max_items(
             batch,
             self.num_chunks(desc),
-            (num_indices as u64).saturating_mul(page_size),
+            self.attended_tokens(desc, num_indices),
             self.min_chunk,
             self.preferred_chunk,
             self.balance_chunks,
         )
+    }
+
+    /// Most tokens a batch with a page table of `num_indices` slots attends to: the slots'
+    /// tokens, and at most `window_left + 1` per request with a window (the kernels partition
+    /// only the windows' tokens).
+    pub fn attended_tokens(&self, desc: &BatchPagedDecodeDescriptor, num_indices: usize) -> u64 {
+        let capacity = (num_indices as u64).saturating_mul(desc.paged_kv.page_size.max(0) as u64);
+        match self.window_left {
+            Some(w) => capacity.min((desc.batch_size.max(0) as u64).saturating_mul(w as u64 + 1)),
+            None => capacity,
+        }
     }
 
     /// Whether requests may be split (the split kernel, a workspace and a merge).

@@ -14,7 +14,9 @@ use crate::ptx::{self, entry, entry::DecodeVariant};
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 use crate::types::*;
 
-use super::checks::{aligned, check_decode_descriptor, expect_layout};
+use super::checks::{
+    KvStrides, aligned, check_decode_descriptor, expect_kv_view, expect_layout, same_kv_strides,
+};
 use super::config::{DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS};
 use super::table_check::{PageTableView, check_on_device};
 
@@ -24,9 +26,12 @@ use super::table_check::{PageTableView, check_on_device};
 pub struct BatchPagedDecodeArgs<'a, T, C = T> {
     /// `[batch, num_qo_heads, head_dim]`.
     pub q: TensorRef<'a, T, 3>,
-    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
+    /// `[num_total_pages, num_kv_heads, page_size, head_dim]`: HND when contiguous
+    /// ([`TensorRef::new`]); any page, head and token strides otherwise (see [`KvLayout`]: NHD, K
+    /// and V interleaved per page, pages of a pool shared by layers), `head_dim` contiguous,
+    /// strides and address 16-byte aligned, every row inside the view's storage.
     pub k_data: TensorRef<'a, C, 4>,
-    /// `[num_total_pages, num_kv_heads, page_size, head_dim]` (HND).
+    /// The values, a view of the same shape and strides as `k_data`.
     pub v_data: TensorRef<'a, C, 4>,
     /// `[total_used_pages]`: page ids of all requests, concatenated.
     pub indices: TensorRef<'a, i32, 1>,
@@ -136,18 +141,22 @@ struct DecodeEntries {
 }
 
 impl DecodeEntries {
-    /// The entries for `q` of type `q_element` (the cache's element type, or f16 / bf16 over an
-    /// 8-bit cache).
+    /// The entries of `config` for `q` of type `q_element` (the cache's element type, or f16 / bf16
+    /// over an 8-bit cache); with a logits soft-cap, the soft-cap ones (which have no lean
+    /// kernel).
     fn of(
         config: &DecodeConfig,
         desc: &BatchPagedDecodeDescriptor,
+        variant: &AttentionVariantDescriptor,
         pref: &PlanPreference,
         q_element: ElementKind,
     ) -> Self {
+        let soft_cap = variant.logits_soft_cap.is_some();
         let (cache, d) = (desc.paged_kv.element, desc.paged_kv.head_dim as u32);
-        let name = |variant| match cache.fp8_layout() {
-            Some(_) => entry::decode_fp8(variant, q_element, cache, d),
-            None => entry::decode(config.kernel, variant, cache, d),
+        let name = |v| match cache.fp8_layout() {
+            Some(_) => entry::decode_fp8(v, q_element, cache, d),
+            None if soft_cap => entry::decode_soft_cap(config.kernel, v, cache, d),
+            None => entry::decode(config.kernel, v, cache, d),
         };
         let split = config.is_split();
         Self {
@@ -156,7 +165,7 @@ impl DecodeEntries {
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
             lean: config
                 .lean
-                .filter(|_| pref.lean_max_avg_tokens != Some(0))
+                .filter(|_| pref.lean_max_avg_tokens != Some(0) && !soft_cap)
                 .map(|_| name(DecodeVariant::Lean)),
         }
     }
@@ -168,6 +177,7 @@ impl DecodeEntries {
 #[derive(Debug)]
 pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     desc: BatchPagedDecodeDescriptor,
+    variant: AttentionVariantDescriptor,
     config: DecodeConfig,
     pref: PlanPreference,
     arch: ArchSku,
@@ -215,14 +225,21 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         check_decode_descriptor(desc)
     }
 
-    /// Checks every argument's shape, contiguity and storage size against `desc` (no GPU needed).
+    /// Checks every argument's shape, contiguity (strides of the K/V views) and storage size
+    /// against `desc` (no GPU needed).
     pub fn check_layout(desc: &BatchPagedDecodeDescriptor, args: &BatchPagedDecodeArgsLayout) -> Result<()> {
+        Self::kv_strides(desc, args).map(|_| ())
+    }
+
+    /// [`Self::check_layout`], returning the K/V views' strides in 16-byte units.
+    fn kv_strides(desc: &BatchPagedDecodeDescriptor, args: &BatchPagedDecodeArgsLayout) -> Result<KvStrides> {
         let kv = &desc.paged_kv;
         let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
         let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
         expect_layout("q", &args.q, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
-        expect_layout("k_data", &args.k_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
-        expect_layout("v_data", &args.v_data, store, "[num_total_pages, num_kv_heads, page_size, head_dim]")?;
+        let size = C::CACHE_KIND.size_bytes();
+        let k = expect_kv_view("k_data", &args.k_data, store, size)?;
+        let strides = same_kv_strides(k, expect_kv_view("v_data", &args.v_data, store, size)?)?;
         if args.indices.shape[0] < 0 {
             return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
         }
@@ -233,16 +250,44 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         expect_layout("last_page_len", &args.last_page_len, [b], "[batch_size]")?;
         expect_layout("o", &args.o, [b, hq, d], "[batch_size, num_qo_heads, head_dim]")?;
         expect_layout("lse", &args.lse, [b, hq], "[batch_size, num_qo_heads]")?;
+        Ok(strides)
+    }
+
+    /// Checks an attention variant for `desc` (no GPU needed): a finite, positive soft-cap.
+    pub fn check_variant(
+        desc: &BatchPagedDecodeDescriptor,
+        variant: &AttentionVariantDescriptor,
+    ) -> Result<()> {
+        Self::check_descriptor(desc)?;
+        if let Some(cap) = variant.logits_soft_cap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(invalid(format!("logits_soft_cap = {cap} must be finite and positive")));
+        }
         Ok(())
     }
 
-    /// Chooses a kernel and launch configuration for `desc` on `stream`'s device.
+    /// Chooses a kernel and launch configuration for `desc` on `stream`'s device (plain
+    /// attention: [`Self::select_variant`] with the default variant).
     pub fn select(
         stream: &Arc<CudaStream>,
         desc: &BatchPagedDecodeDescriptor,
         pref: PlanPreference,
     ) -> Result<Self> {
-        Self::check_descriptor(desc)?;
+        Self::select_variant(stream, desc, &AttentionVariantDescriptor::default(), pref)
+    }
+
+    /// [`Self::select`] for an attention variant: a logits soft-cap selects the soft-cap kernels
+    /// (no lean kernel), a sliding window bounds the tokens each request attends to (the chunks
+    /// the split launches cover only the windows). Attention sinks need no selection: pass them
+    /// to [`Self::run_with_sinks`].
+    pub fn select_variant(
+        stream: &Arc<CudaStream>,
+        desc: &BatchPagedDecodeDescriptor,
+        variant: &AttentionVariantDescriptor,
+        pref: PlanPreference,
+    ) -> Result<Self> {
+        Self::check_variant(desc, variant)?;
         if pref.prefer_backend.is_some_and(|b| b != BackendKind::RustPtx) {
             return Err(Error::Unsupported(format!("backend {:?}", pref.prefer_backend)));
         }
@@ -254,7 +299,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 props.compute_capability.0, props.compute_capability.1
             )));
         }
-        let config = configure(desc, &props, &pref)?;
+        let config = DecodeConfig { window_left: variant.window_left, ..configure(desc, &props, &pref)? };
         let arch = ptx::build_for(props.compute_capability);
         if C::CACHE_KIND.fp8_layout().is_some() && arch != ArchSku::Sm90 {
             return Err(Error::Unsupported(format!(
@@ -262,7 +307,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 props.compute_capability.0, props.compute_capability.1
             )));
         }
-        let entries = DecodeEntries::of(&config, desc, &pref, T::KIND);
+        if C::CACHE_KIND.fp8_layout().is_some() && variant.logits_soft_cap.is_some() {
+            return Err(Error::Unsupported("a logits soft-cap over an 8-bit cache".into()));
+        }
+        let entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND);
         let whole_fn = match &entries.whole {
             Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
             None => None,
@@ -280,6 +328,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             schedule_fn,
             lean_fn,
             desc: *desc,
+            variant: *variant,
             config,
             pref,
             programmatic: pref.programmatic_launch
@@ -295,6 +344,11 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// The descriptor this plan was selected for.
     pub fn descriptor(&self) -> &BatchPagedDecodeDescriptor {
         &self.desc
+    }
+
+    /// The attention variant this plan was selected for.
+    pub fn variant(&self) -> &AttentionVariantDescriptor {
+        &self.variant
     }
 
     /// The launch configuration chosen by `select`.
@@ -325,7 +379,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             op: AttentionKind::PagedAttention,
             element: C::CACHE_KIND,
             aux_element: ElementKind::F32,
-            layout: KvLayout::Hnd,
+            layout: KvLayout::Strided,
             epilogue: Epilogue::OutputAndLse,
             arch: self.arch,
             backend: BackendKind::RustPtx,
@@ -369,7 +423,22 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         workspace: &mut Workspace<'_>,
         args: &mut BatchPagedDecodeArgs<'_, T, C>,
     ) -> Result<()> {
-        self.run_scaled(stream, workspace, args, KvScales::ONE)
+        self.launch(stream, workspace, args, None, KvScales::ONE)
+    }
+
+    /// [`Self::run`] with attention sinks: `sinks` is `[num_qo_heads]` f32, one logit per query
+    /// head in the scaled logits' (natural-log) domain that joins each row's softmax
+    /// denominator with no value (gpt-oss; [`reference::AttentionVariant::sinks`](crate::reference::AttentionVariant::sinks)).
+    /// `-inf` is no sink; the values are read on the device, so they must be finite or `-inf`.
+    /// Applied to the finished rows only, so it costs nothing in the main loop.
+    pub fn run_with_sinks(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T, C>,
+        sinks: &TensorRef<'_, f32, 1>,
+    ) -> Result<()> {
+        self.launch(stream, workspace, args, Some(sinks), KvScales::ONE)
     }
 
     /// [`Self::run`] over an 8-bit cache whose codes stand for `k_scale · code` and
@@ -383,6 +452,34 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         args: &mut BatchPagedDecodeArgs<'_, T, C>,
         scales: KvScales,
     ) -> Result<()> {
+        self.launch(stream, workspace, args, None, scales)
+    }
+
+    /// [`Self::run_scaled`] with attention sinks ([`Self::run_with_sinks`]).
+    pub fn run_scaled_with_sinks(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T, C>,
+        scales: KvScales,
+        sinks: &TensorRef<'_, f32, 1>,
+    ) -> Result<()> {
+        self.launch(stream, workspace, args, Some(sinks), scales)
+    }
+
+    /// Checks the sinks tensor against the descriptor: `[num_qo_heads]`, contiguous.
+    pub fn check_sinks(&self, sinks: &TensorLayout<1>) -> Result<()> {
+        expect_layout("sinks", sinks, [self.desc.num_qo_heads], "[num_qo_heads]")
+    }
+
+    fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T, C>,
+        sinks: Option<&TensorRef<'_, f32, 1>>,
+        scales: KvScales,
+    ) -> Result<()> {
         let scales = scales.check()?;
         if C::CACHE_KIND.fp8_layout().is_none() && scales != KvScales::ONE {
             return Err(invalid(format!("{scales:?}: dequantization scales apply to 8-bit caches only")));
@@ -392,7 +489,11 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         }
         args.check_launch_context(&self.ctx, stream)?;
         workspace.check_context(&self.ctx)?;
-        self.can_implement(args)?;
+        let strides = Self::kv_strides(&self.desc, &args.layout())?;
+        if let Some(sinks) = sinks {
+            guard::same_context(&self.ctx, "sinks", sinks.context())?;
+            self.check_sinks(&sinks.layout())?;
+        }
         let needed = self.workspace_size();
         if workspace.len() < needed {
             return Err(Error::WorkspaceTooSmall { needed, got: workspace.len() });
@@ -412,6 +513,13 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         for (name, ptr) in [("q", q), ("k_data", k), ("v_data", v), ("o", o)] {
             aligned(name, ptr, 16)?;
         }
+        let (sinks, _sinks) = match sinks {
+            Some(t) => {
+                let (ptr, guard) = t.data.device_ptr(stream);
+                (ptr, Some(guard))
+            }
+            None => (0, None),
+        };
         let num_indices = args.indices.shape[0].max(0) as u32;
         let path = self.path(num_indices as usize);
         let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
@@ -464,6 +572,13 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             prefetch_ctas: if self.programmatic && !scheduled { self.config.wave_ctas } else { 0 },
             k_scale: scales.k_scale,
             v_scale: scales.v_scale,
+            kv_page_stride: strides.page,
+            kv_head_stride: strides.head,
+            kv_token_stride: strides.token,
+            window_left: self.variant.window_left.unwrap_or(params::WINDOW_OFF),
+            soft_cap_scale: self.variant.logits_soft_cap.map_or(0.0, |cap| self.desc.sm_scale / cap),
+            soft_cap_log2: self.variant.logits_soft_cap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
+            sinks,
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.
@@ -522,7 +637,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     pub fn path(&self, num_indices: usize) -> DecodePath {
         let desc = &self.desc;
         let batch = desc.batch_size.max(0) as u64;
-        let tokens = num_indices as u64 * desc.paged_kv.page_size.max(0) as u64;
+        let tokens = self.config.attended_tokens(desc, num_indices);
         if let (Some(lean), Some(_)) = (self.config.lean, &self.lean_fn) {
             let bound = self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS) as u64;
             let ctas = batch * desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64;
@@ -638,12 +753,21 @@ mod tests {
                 for pref in &prefs {
                     let Ok(config) = configure(&desc, &props, pref) else { continue };
                     for &q in &q_elements {
-                        let e = DecodeEntries::of(&config, &desc, pref, q);
-                        let names =
-                            [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
-                        for name in names.into_iter().flatten() {
-                            assert!(shipped.contains(&name), "{name} ({desc:?}, {pref:?}) is not in the PTX");
-                            loaded.insert(name.to_owned());
+                        for logits_soft_cap in [None, Some(30.0)] {
+                            if fp8 && logits_soft_cap.is_some() {
+                                continue; // no soft-cap over 8-bit caches
+                            }
+                            let variant = AttentionVariantDescriptor { logits_soft_cap, window_left: None };
+                            let e = DecodeEntries::of(&config, &desc, &variant, pref, q);
+                            let names =
+                                [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
+                            for name in names.into_iter().flatten() {
+                                assert!(
+                                    shipped.contains(&name),
+                                    "{name} ({desc:?}, {pref:?}) is not in the PTX"
+                                );
+                                loaded.insert(name.to_owned());
+                            }
                         }
                     }
                 }

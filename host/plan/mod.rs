@@ -14,7 +14,7 @@ mod config;
 mod decode;
 mod table_check;
 
-pub use append::{PagedKvAppendArgs, PagedKvAppendArgsLayout, PagedKvAppendPlan};
+pub use append::{PagedKvAppendArgs, PagedKvAppendArgsLayout, PagedKvAppendPairedArgs, PagedKvAppendPlan};
 pub use config::{
     DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, LeanLaunch, MAX_SPLITS, SUPPORTED_HEAD_DIMS,
 };

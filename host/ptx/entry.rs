@@ -27,6 +27,27 @@ pub enum DecodeVariant {
 
 /// `decode_{mma|simt}[_split|_lean]_{element}_d{head_dim}`.
 pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind, head_dim: u32) -> String {
+    decode_name(kernel, "", variant, element, head_dim)
+}
+
+/// The logits soft-cap entry of a [`decode`] entry: `decode_{mma|simt}_softcap[_split]_…`
+/// (no lean one).
+pub fn decode_soft_cap(
+    kernel: DecodeKernel,
+    variant: DecodeVariant,
+    element: ElementKind,
+    head_dim: u32,
+) -> String {
+    decode_name(kernel, "_softcap", variant, element, head_dim)
+}
+
+fn decode_name(
+    kernel: DecodeKernel,
+    logits: &str,
+    variant: DecodeVariant,
+    element: ElementKind,
+    head_dim: u32,
+) -> String {
     let kernel = match kernel {
         DecodeKernel::Mma => "mma",
         DecodeKernel::Simt => "simt",
@@ -36,7 +57,7 @@ pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind
         DecodeVariant::Split => "_split",
         DecodeVariant::Lean => "_lean",
     };
-    format!("decode_{kernel}{variant}_{}_d{head_dim}", element_name(element))
+    format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
 }
 
 /// `decode_mma[_split]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16) over an
@@ -75,9 +96,10 @@ fn element_name(element: ElementKind) -> &'static str {
 
 /// Every entry point the kernels provide for the host, in their order of definition: the
 /// tensor-core decode entries for 16-bit elements, whole and split, at each supported head_dim;
-/// the lean ones at [`LEAN_HEAD_DIMS`]; the CUDA-core decode entries for f32; the append entries
-/// (`u8`: a byte copy, for tokens already quantized to 8 bits); then [`SCHEDULE_CHUNKS`],
-/// [`CHECK_PAGE_TABLE`] and [`READ_BANDWIDTH`]. The sm_90 build adds [`sm90_only`].
+/// the lean ones at [`LEAN_HEAD_DIMS`]; the CUDA-core decode entries for f32; the logits soft-cap
+/// entries of both kernels (whole and split); the append entries (`u8`: a byte copy, for tokens
+/// already quantized to 8 bits); then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and
+/// [`READ_BANDWIDTH`]. The sm_90 build adds [`sm90_only`].
 pub fn all() -> Vec<String> {
     use DecodeVariant::{Lean, Split, Whole};
     let head_dims = SUPPORTED_HEAD_DIMS.map(|d| d as u32);
@@ -93,6 +115,14 @@ pub fn all() -> Vec<String> {
     }
     for d in head_dims {
         names.extend([Whole, Split].map(|v| decode(DecodeKernel::Simt, v, ElementKind::F32, d)));
+    }
+    for element in sixteen_bit {
+        for d in head_dims {
+            names.extend([Whole, Split].map(|v| decode_soft_cap(DecodeKernel::Mma, v, element, d)));
+        }
+    }
+    for d in head_dims {
+        names.extend([Whole, Split].map(|v| decode_soft_cap(DecodeKernel::Simt, v, ElementKind::F32, d)));
     }
     names.extend([ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::U8].map(append));
     names.extend([SCHEDULE_CHUNKS, CHECK_PAGE_TABLE, READ_BANDWIDTH].map(String::from));

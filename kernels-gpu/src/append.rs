@@ -5,7 +5,8 @@
 //! to slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
 //! `last_page_len` outside `[1, page_size]`, or a page id outside the store, are skipped.
 //!
-//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row, or
+//! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row into
+//! the K/V views (any page, head and token strides, as the decode kernels read them), or
 //! quantizing it 8 elements at a time into an 8-bit store.
 
 use crate::element::MmaElem;
@@ -13,8 +14,8 @@ use crate::fp8::{Fp8Layout, f32_to_fp8};
 use crate::intrinsics::*;
 use crate::params::AppendParams;
 
-/// First element of the new token's row in the store and of the request's row in `key` /
-/// `value`, or `None` (nothing to write) when the page table does not give this CTA's request a
+/// Byte offset of the new token's row in the K/V views and first element of the request's row in
+/// `key` / `value`, or `None` (nothing to write) when the page table does not give this CTA's request a
 /// valid slot.
 ///
 /// # Safety
@@ -35,12 +36,18 @@ unsafe fn append_rows(p: &AppendParams) -> Option<(usize, usize)> {
     if page < 0 || page as u32 >= p.num_total_pages {
         return None;
     }
-    let d = p.head_dim as usize;
-    let dst_row =
-        ((page as usize * p.num_kv_heads as usize + h as usize) * p.page_size as usize + last as usize - 1)
-            * d;
-    let src_row = (b as usize * p.num_kv_heads as usize + h as usize) * d;
-    Some((dst_row, src_row))
+    let dst = store_row_bytes(p, page as u32, h, last as u32 - 1);
+    let src_row = (b as usize * p.num_kv_heads as usize + h as usize) * p.head_dim as usize;
+    Some((dst, src_row))
+}
+
+/// Byte offset of row (`page`, KV head `h`, `slot`) in the K/V views (their strides).
+#[inline(always)]
+fn store_row_bytes(p: &AppendParams, page: u32, h: u32, slot: u32) -> usize {
+    (page as usize * p.kv_page_stride as usize
+        + h as usize * p.kv_head_stride as usize
+        + slot as usize * p.kv_token_stride as usize)
+        * 16
 }
 
 /// Copies the new token's K and V rows into the store (any element type `T`, 8-bit codes
@@ -52,15 +59,15 @@ unsafe fn append_rows(p: &AppendParams) -> Option<(usize, usize)> {
 /// CTAs of 32 threads.
 #[inline(always)]
 pub unsafe fn append_token<T: Copy>(p: &AppendParams) {
-    let Some((dst_row, src_row)) = (unsafe { append_rows(p) }) else { return };
+    let Some((dst, src_row)) = (unsafe { append_rows(p) }) else { return };
     let vectors = p.head_dim as usize * core::mem::size_of::<T>() / 16;
     let mut c = thread_idx() as usize;
     while c < vectors {
         unsafe {
             let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
             let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));
-            *(((p.k_data as *mut T).add(dst_row) as *mut [u32; 4]).add(c)) = k;
-            *(((p.v_data as *mut T).add(dst_row) as *mut [u32; 4]).add(c)) = v;
+            *(((p.k_data as *mut u8).add(dst) as *mut [u32; 4]).add(c)) = k;
+            *(((p.v_data as *mut u8).add(dst) as *mut [u32; 4]).add(c)) = v;
         }
         c += 32;
     }
@@ -75,7 +82,7 @@ pub unsafe fn append_token<T: Copy>(p: &AppendParams) {
 /// As [`append_token`], with the store of 8-bit codes.
 #[inline(always)]
 pub unsafe fn append_quantized<T: MmaElem>(p: &AppendParams, format: Fp8Layout) {
-    let Some((dst_row, src_row)) = (unsafe { append_rows(p) }) else { return };
+    let Some((dst, src_row)) = (unsafe { append_rows(p) }) else { return };
     // 8 elements (16 bytes of T, 8 bytes of codes) per step.
     let steps = p.head_dim as usize / 8;
     let mut c = thread_idx() as usize;
@@ -83,9 +90,9 @@ pub unsafe fn append_quantized<T: MmaElem>(p: &AppendParams, format: Fp8Layout) 
         unsafe {
             let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
             let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));
-            *(((p.k_data as *mut u8).add(dst_row) as *mut [u32; 2]).add(c)) =
+            *(((p.k_data as *mut u8).add(dst) as *mut [u32; 2]).add(c)) =
                 quantize8::<T>(k, p.k_scale, format);
-            *(((p.v_data as *mut u8).add(dst_row) as *mut [u32; 2]).add(c)) =
+            *(((p.v_data as *mut u8).add(dst) as *mut [u32; 2]).add(c)) =
                 quantize8::<T>(v, p.v_scale, format);
         }
         c += 32;

@@ -59,12 +59,18 @@ impl Fp8Code for E4M3 {
     }
 }
 
-/// E5M2 codes: the upper byte of the f16 of the same value, placed by one byte permute per pair.
+/// E5M2 codes (the upper byte of the f16 of the same value): one conversion per pair, which
+/// measured faster than placing the bytes with two byte permutes.
 pub struct E5M2;
 impl Fp8Code for E5M2 {
     #[inline(always)]
     fn dequant4(w: u32) -> [u32; 2] {
-        [crate::intrinsics::prmt(w, 0, 0x1404), crate::intrinsics::prmt(w, 0, 0x3424)]
+        let (lo, hi): (u32, u32);
+        unsafe {
+            asm!("{{ .reg .b16 l, h; mov.b32 {{l, h}}, {w}; cvt.rn.f16x2.e5m2x2 {lo}, l; cvt.rn.f16x2.e5m2x2 {hi}, h; }}",
+                 lo = out(reg32) lo, hi = out(reg32) hi, w = in(reg32) w, options(pure, nomem, nostack))
+        };
+        [lo, hi]
     }
 }
 

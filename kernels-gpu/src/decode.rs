@@ -2,8 +2,13 @@
 //!
 //! Data layout
 //! - `q`, `o`: `[batch, num_qo_heads, D]`; `lse`: `[batch, num_qo_heads]` (base 2).
-//! - `k_data`, `v_data`: `[pages, num_kv_heads, page_size, D]` (HND). Token `t` of request `b` lives
-//!   in page `indices[indptr[b] + t / page_size]`, slot `t % page_size`.
+//! - `k_data`, `v_data`: `[pages, num_kv_heads, page_size, D]` views with the page, head and token
+//!   strides of the parameters (HND, NHD, K and V interleaved per page, pages of a shared pool;
+//!   see `page_row`). Token `t` of request `b` lives in page `indices[indptr[b] + t / page_size]`,
+//!   slot `t % page_size`.
+//! - Attention variants ([`crate::variant`]): the logits' form is a type parameter ([`Logits`]:
+//!   plain or soft-capped), the sliding window shapes the chunks, and attention sinks join the
+//!   finished rows.
 //! - Request length: `(pages - 1) * page_size + last_page_len[b]`, 0 when it owns no page.
 //!
 //! Vocabulary: a *chunk* ([`Chunk`]) is a token range of one request that one CTA processes;
@@ -47,6 +52,7 @@ use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{DECODE_THREADS, DecodeParams, MmaTiling, fp8_tiling, lean_tiling, standard_tiling};
 use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
+use crate::variant::{Logits, with_sink};
 
 pub(crate) const WARPS: u32 = DECODE_THREADS / 32;
 
@@ -86,15 +92,15 @@ fn page_slot(p: &DecodeParams, c: &Chunk, t: u32) -> (u32, u32) {
     (c.first_index + slot.min(c.num_pages - 1), t - slot * p.page_size)
 }
 
-/// Row index (in units of `head_dim` elements) of position `in_page` of page `page` for KV head
-/// `h`; the page id is clamped into the store.
+/// Offset, in 16-byte units, of the row of position `in_page` of page `page` for KV head `h` in
+/// the K/V views (their strides); the page id is clamped into the store.
 #[inline(always)]
 fn page_row(p: &DecodeParams, page: i32, h: u32, in_page: u32) -> u32 {
     let page = (page.max(0) as u32).min(p.num_total_pages - 1);
-    (page * p.num_kv_heads + h) * p.page_size + in_page
+    page * p.kv_page_stride + h * p.kv_head_stride + in_page * p.kv_token_stride
 }
 
-/// Row index of token `t` of chunk `c`'s request for KV head `h`.
+/// Row offset (16-byte units) of token `t` of chunk `c`'s request for KV head `h`.
 #[inline(always)]
 unsafe fn token_row(p: &DecodeParams, c: &Chunk, h: u32, t: u32) -> u32 {
     let (idx, in_page) = page_slot(p, c, t);
@@ -199,13 +205,11 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         (k_tile, k_tile + tile_bytes)
     }
 
-    /// Global addresses of this thread's column of K and V row `row` of the store.
+    /// Global addresses of this thread's column of the K and V rows at offset `row` (16-byte
+    /// units, [`page_row`]).
     #[inline(always)]
     fn kv_addr(&self, row: u32) -> (*const u8, *const u8) {
-        (
-            mad_wide_u32(row, D * V::T.kv_bytes, self.k_column) as *const u8,
-            mad_wide_u32(row, D * V::T.kv_bytes, self.v_column) as *const u8,
-        )
+        (mad_wide_u32(row, 16, self.k_column) as *const u8, mad_wide_u32(row, 16, self.v_column) as *const u8)
     }
 
     /// Issues the copies of this thread's rows of tile `tile` (rows past the chunk are
@@ -279,6 +283,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
 /// - `SPLIT`: the requests are partitioned into chunks (partials + merge) instead of one CTA per
 ///   request; `VPL` = D/32 merge columns per lane and `MERGE_BATCH` partial rows per lane in
 ///   flight in the merge ([`crate::merge`]).
+/// - `L`: how scores become logits ([`Logits`]: plain or soft-capped).
 /// - Shared memory: Q tiles (`[q_tiles·16][D]`, swizzled), then the K/V stages and the page-row
 ///   ring of `KvPipeline`; after the main loop the stages hold the warps' partials.
 ///
@@ -299,6 +304,7 @@ pub unsafe fn decode_mma<
     V: Tiling,
     const SPLIT: bool,
     const MERGE_BATCH: usize,
+    L: Logits,
 >(
     p: &DecodeParams,
 ) {
@@ -475,7 +481,7 @@ pub unsafe fn decode_mma<
             let partial = t0 + row0 + 16 > chunk.end;
             for nt in 0..2 {
                 for i in 0..4 {
-                    s[nt][i] *= if C::FP8 { row_scale[i / 2] } else { p.scale_log2 };
+                    s[nt][i] = if C::FP8 { s[nt][i] * row_scale[i / 2] } else { L::logit(p, s[nt][i]) };
                     if partial {
                         let column = if C::FP8 {
                             fp8::score_token(nt as u32, frag_col, i as u32 & 1)
@@ -616,6 +622,8 @@ pub unsafe fn decode_mma<
         let lse = if l_all > 0.0 { m_all + log2(l_all) } else { f32::NEG_INFINITY };
         let qo = (request * p.num_qo_heads + first_qo_head + row) as usize;
         let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, first_qo_head + row));
+        let (inv, lse) =
+            if partial.is_none() { with_sink(p, first_qo_head + row, inv, lse) } else { (inv, lse) };
         let v = [acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv];
         unsafe { write_row_quad::<C::Io>(p, partial, qo, D, d4, v, lse) };
         idx += DECODE_THREADS;
@@ -663,7 +671,9 @@ unsafe fn write_row_quad<T: Elem>(
 /// Warp `w` handles query heads `w, w + 4, …` of the group, one token at a time; lane `i` holds
 /// columns `[i·VPL, (i + 1)·VPL)` of the head (`VPL` = D/32).
 #[inline(always)]
-pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: bool>(p: &DecodeParams) {
+pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: bool, L: Logits>(
+    p: &DecodeParams,
+) {
     const { assert!(VPL as u32 * 32 == D) };
     let tid = thread_idx();
     let lane = tid % 32;
@@ -687,14 +697,15 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         let mut l = 0f32;
         let mut o = [0f32; VPL];
         for t in chunk.begin..chunk.end {
-            let row = unsafe { token_row(p, &chunk, kv_head, t) } as usize * D as usize + col as usize;
+            let units = unsafe { token_row(p, &chunk, kv_head, t) } as usize;
+            let row = units * (16 / core::mem::size_of::<T>()) + col as usize;
             let k = unsafe { (p.k_data as *const T).add(row) };
             let v = unsafe { (p.v_data as *const T).add(row) };
             let mut dot = 0f32;
             for i in 0..VPL {
                 dot += q[i] * unsafe { *k.add(i) }.to_f32();
             }
-            let s = warp_sum(dot) * p.scale_log2;
+            let s = L::logit(p, warp_sum(dot));
             let m_new = fmax(m, s);
             let scale = exp2(m - m_new);
             let w = exp2(s - m_new);
@@ -707,6 +718,8 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
         let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
         let partial = (chunk.request_chunks > 1).then(|| partial_row(p, item, kv_head * group + head));
+        let (inv, lse) =
+            if partial.is_none() { with_sink(p, kv_head * group + head, inv, lse) } else { (inv, lse) };
         for j in 0..VPL / 4 {
             let d4 = lane * (VPL as u32 / 4) + j as u32;
             let v = [o[4 * j] * inv, o[4 * j + 1] * inv, o[4 * j + 2] * inv, o[4 * j + 3] * inv];

@@ -10,8 +10,9 @@
 //! ([`params`]): each pointer is the device address of a live allocation of the launching
 //! context that holds at least the elements its documented shape needs for the block's scalars
 //! (the host checks every tensor's shape, contiguity and storage against the descriptor and
-//! refuses tensors of another context), the K/V store has at most 2^32 - 1 rows (so row
-//! arithmetic in `u32` cannot wrap), and no other launch writes what the kernel reads or
+//! refuses tensors of another context), the K/V store has at most 2^32 - 1 rows and every row of
+//! a K/V view lies within 2^32 16-byte units of its start, in its allocation (so row offsets in
+//! `u32` cannot wrap), `sinks` (when not 0) holds `num_qo_heads` f32, and no other launch writes what the kernel reads or
 //! touches what it writes while it runs (the host's stream order). The *values* of the page
 //! table (`indptr`, `indices`, `last_page_len`) are never trusted: every index derived from them
 //! is clamped or checked before it addresses memory, so a corrupt table gives unspecified
@@ -55,11 +56,13 @@ pub mod merge;
 pub mod params;
 pub mod partition;
 pub mod schedule;
+pub mod variant;
 
 use cache::Native;
 use decode::{Lean, Standard, Tiling};
 use element::{BF16, F16};
 use params::{AppendParams, DecodeParams, PageTableCheckParams, decode_merge_batch};
+use variant::{Plain, SoftCap};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -69,6 +72,9 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 
 macro_rules! decode_mma_entry {
     ($name:ident, $t:ty, $d:literal, $tiling:ident, $split:literal) => {
+        decode_mma_entry!($name, $t, $d, $tiling, $split, Plain);
+    };
+    ($name:ident, $t:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident) => {
         /// # Safety
         /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
@@ -83,6 +89,7 @@ macro_rules! decode_mma_entry {
                     $tiling<$d>,
                     $split,
                     { decode_merge_batch($d) as usize },
+                    $logits,
                 >(&p)
             }
         }
@@ -114,6 +121,7 @@ mod fp8_entries {
     use crate::decode::{self, Fp8Standard, Tiling};
     use crate::element::{BF16, F16};
     use crate::params::{AppendParams, DecodeParams, decode_merge_batch};
+    use crate::variant::Plain;
 
     macro_rules! decode_fp8_entry {
         ($name:ident, $t:ty, $code:ty, $d:literal, $split:literal) => {
@@ -131,6 +139,7 @@ mod fp8_entries {
                         Fp8Standard<$d>,
                         $split,
                         { decode_merge_batch($d) as usize },
+                        Plain,
                     >(&p)
                 }
             }
@@ -177,11 +186,14 @@ mod fp8_entries {
 
 macro_rules! decode_simt_entry {
     ($name:ident, $t:ty, $d:literal, $split:literal) => {
+        decode_simt_entry!($name, $t, $d, $split, Plain);
+    };
+    ($name:ident, $t:ty, $d:literal, $split:literal, $logits:ident) => {
         /// # Safety
         /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
-            unsafe { decode::decode_simt::<$t, $d, { $d / 32 }, $split>(&p) }
+            unsafe { decode::decode_simt::<$t, $d, { $d / 32 }, $split, $logits>(&p) }
         }
     };
 }
@@ -191,6 +203,26 @@ decode_simt_entry!(decode_simt_f32_d128, f32, 128, false);
 decode_simt_entry!(decode_simt_split_f32_d128, f32, 128, true);
 decode_simt_entry!(decode_simt_f32_d256, f32, 256, false);
 decode_simt_entry!(decode_simt_split_f32_d256, f32, 256, true);
+// Logits soft-cap (`variant::SoftCap`), standard tiling and CUDA-core kernels: own entries, so
+// that the plain ones above stay as they are.
+decode_mma_entry!(decode_mma_softcap_f16_d64, F16, 64, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_f16_d64, F16, 64, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_f16_d128, F16, 128, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_f16_d128, F16, 128, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_f16_d256, F16, 256, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_f16_d256, F16, 256, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_bf16_d64, BF16, 64, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_bf16_d64, BF16, 64, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_bf16_d128, BF16, 128, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_bf16_d128, BF16, 128, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_bf16_d256, BF16, 256, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_bf16_d256, BF16, 256, Standard, true, SoftCap);
+decode_simt_entry!(decode_simt_softcap_f32_d64, f32, 64, false, SoftCap);
+decode_simt_entry!(decode_simt_softcap_split_f32_d64, f32, 64, true, SoftCap);
+decode_simt_entry!(decode_simt_softcap_f32_d128, f32, 128, false, SoftCap);
+decode_simt_entry!(decode_simt_softcap_split_f32_d128, f32, 128, true, SoftCap);
+decode_simt_entry!(decode_simt_softcap_f32_d256, f32, 256, false, SoftCap);
+decode_simt_entry!(decode_simt_softcap_split_f32_d256, f32, 256, true, SoftCap);
 
 macro_rules! append_entry {
     ($name:ident, $t:ty) => {

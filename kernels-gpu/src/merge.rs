@@ -8,13 +8,15 @@
 //!
 //! # Thread mapping
 //! In the merging CTA each warp merges whole output rows (`merge_row`): lane `i` owns columns
-//! `[i·VPL, (i + 1)·VPL)` of the row and the lse of chunks `i` and `i + 32`.
+//! `[i·VPL, (i + 1)·VPL)` of the row and the lse of chunks `i` and `i + 32`. The merged row
+//! takes its attention sink there (`crate::variant::with_sink`), the chunks' partials never do.
 
 use crate::decode::WARPS;
 use crate::element::Elem;
 use crate::intrinsics::*;
 use crate::params::DecodeParams;
 use crate::partition::{Chunk, cta_coords};
+use crate::variant::with_sink;
 
 /// Workspace row of the partial (O, lse) of query head `head` (of the request) in item `item`.
 #[inline(always)]
@@ -77,7 +79,7 @@ pub unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_
     while h < first_head + heads {
         let row = (chunk.request * p.num_qo_heads + h) as usize;
         let first_partial = partial_row(p, chunk.first_item, h);
-        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, first_partial, chunk.request_chunks) };
+        unsafe { merge_row::<T, D, VPL, MERGE_BATCH>(p, row, h, first_partial, chunk.request_chunks) };
         h += WARPS;
     }
     // Every warp is past its poll: the counters are free for the next launch.
@@ -90,7 +92,7 @@ pub unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_
     }
 }
 
-/// Combines the partials (O, lse) of output row `row` (request × query head) over the request's
+/// Combines the partials (O, lse) of output row `row` (request × query head `head`) over the request's
 /// `live` chunks (≤ 64; chunk `s` in workspace row `first_partial + s · num_qo_heads`) with one
 /// warp. The lse values (one per lane) and the first
 /// `BATCH` partial rows are loaded together, so the merge costs one round trip to L2 per `BATCH`
@@ -100,6 +102,7 @@ pub unsafe fn finish_split<T: Elem, const D: u32, const VPL: usize, const MERGE_
 unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>(
     p: &DecodeParams,
     row: usize,
+    head: u32,
     first_partial: usize,
     live: u32,
 ) {
@@ -146,7 +149,8 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>
         }
         s0 += BATCH as u32;
     }
-    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+    let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
+    let (inv, lse) = with_sink(p, head, if l > 0.0 { 1.0 / l } else { 0.0 }, lse);
     let out = unsafe { (p.o as *mut T).add(row * D as usize + col) };
     if VPL % 4 == 0 {
         for j in 0..VPL / 4 {
@@ -159,7 +163,6 @@ unsafe fn merge_row<T: Elem, const D: u32, const VPL: usize, const BATCH: usize>
         }
     }
     if lane == 0 {
-        let lse = if l > 0.0 { m + log2(l) } else { f32::NEG_INFINITY };
         unsafe { *(p.lse as *mut f32).add(row) = lse };
     }
 }

@@ -1,6 +1,7 @@
 //! Kernel parameter blocks, shared verbatim by the device crate and the host crate
 //! (the host includes this file), so both sides agree on the layout by construction.
-//! Pointers are device addresses; all tensors are contiguous row-major.
+//! Pointers are device addresses; all tensors are contiguous row-major, except the K/V stores,
+//! whose page, head and token strides are parameters.
 
 /// Parameters of the decode kernels and of the split-KV merge.
 #[repr(C)]
@@ -8,7 +9,8 @@
 pub struct DecodeParams {
     /// `[batch, num_qo_heads, head_dim]`, element type T.
     pub q: u64,
-    /// `[pages, num_kv_heads, page_size, head_dim]` (HND), T.
+    /// `[pages, num_kv_heads, page_size, head_dim]` views of T with the strides below (HND
+    /// when contiguous).
     pub k_data: u64,
     pub v_data: u64,
     /// Page ids, `[num_indices]` i32.
@@ -66,7 +68,24 @@ pub struct DecodeParams {
     /// 16-bit kernels ignore them).
     pub k_scale: f32,
     pub v_scale: f32,
+    /// K/V store strides in 16-byte units, shared by `k_data` and `v_data` (each the address of
+    /// its view's row (0, 0, 0)): row (page, KV head, slot) starts `page · kv_page_stride +
+    /// head · kv_head_stride + slot · kv_token_stride` units in. HND: `Hkv·P·D`, `P·D`, `D` in
+    /// elements.
+    pub kv_page_stride: u32,
+    pub kv_head_stride: u32,
+    pub kv_token_stride: u32,
+    /// Sliding window: the last `window_left + 1` tokens of each request; `u32::MAX`: off.
+    pub window_left: u32,
+    /// Logits soft-cap entries (`decode_*_softcap_*`): `sm_scale / cap` and `cap · log2(e)`.
+    pub soft_cap_scale: f32,
+    pub soft_cap_log2: f32,
+    /// Attention sinks, `[num_qo_heads]` f32 (natural-log domain, as the scaled logits); 0: none.
+    pub sinks: u64,
 }
+
+/// `DecodeParams::window_left` without a window.
+pub const WINDOW_OFF: u32 = u32::MAX;
 
 /// Parameters of the append kernel.
 #[repr(C)]
@@ -89,6 +108,10 @@ pub struct AppendParams {
     /// Quantizing appends into an 8-bit store: the scales the tokens are divided by.
     pub k_scale: f32,
     pub v_scale: f32,
+    /// K/V store strides in 16-byte units, as [`DecodeParams::kv_page_stride`] and the others.
+    pub kv_page_stride: u32,
+    pub kv_head_stride: u32,
+    pub kv_token_stride: u32,
 }
 
 /// Parameters of the device-side page-table check.

@@ -20,6 +20,10 @@
 //! `preferred_chunk`). The partition reads only `indptr` and `last_page_len`, so it runs before
 //! `griddepcontrol.wait`.
 //!
+//! With a sliding window (`p.window_left`), a request's length in all of the above is the tokens
+//! it attends to ([`attended`]) and its chunks start at its window's first token
+//! ([`window_start`]), so tokens before the window are neither partitioned nor read.
+//!
 //! Every warp computes the whole partition on its own (lanes own contiguous runs of
 //! `ceil(batch / 32)` requests, held in registers up to `LENS_PER_LANE`), with shuffles only:
 //! no shared memory and no barrier. When no request is longer than the lower bound on `C`, item
@@ -29,6 +33,7 @@
 use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
 use crate::intrinsics::*;
 use crate::params::{DecodeParams, PARTITION_CACHED_BATCH};
+use crate::variant::{attended, window_start};
 
 /// Requests whose page-table entries a lane keeps in registers, all loaded at once; larger
 /// batches re-read them on every pass.
@@ -51,10 +56,11 @@ pub struct Chunk {
 
 impl Chunk {
     /// The chunk of item `item` of request `request` (`pages` as [`request_pages`] gives them),
-    /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one shorter) are the items
-    /// from `first_item`.
+    /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one shorter) of its
+    /// window are the items from `first_item`.
     #[inline(always)]
     fn of_item(
+        p: &DecodeParams,
         request: u32,
         pages: (u32, u32, u32),
         first_item: u32,
@@ -63,7 +69,8 @@ impl Chunk {
         item: u32,
     ) -> Self {
         let (first_index, num_pages, len) = pages;
-        let begin = ((item - first_item) as u64 * chunk_tokens as u64).min(len as u64) as u32;
+        let skip = window_start(p, len);
+        let begin = ((item - first_item) as u64 * chunk_tokens as u64).min((len - skip) as u64) as u32 + skip;
         let end = begin.saturating_add(chunk_tokens).min(len);
         Chunk { request, begin, end, first_index, num_pages, first_item, request_chunks }
     }
@@ -85,11 +92,12 @@ pub unsafe fn request_pages(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
     (start, num_pages, len)
 }
 
-/// Request `b` as a single chunk (the unsplit kernels: item = request).
+/// Request `b` (its window) as a single chunk (the unsplit kernels: item = request).
 #[inline(always)]
 pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
     let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
-    Chunk { request: b, begin: 0, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
+    let begin = window_start(p, len);
+    Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
 }
 
 /// `(item, head block, head blocks)` of this CTA. Items run along grid x and head blocks along y
@@ -153,6 +161,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let mut longest = 0u32;
     let lane_requests = (p, &pages, first, count, cached);
     each_request!(lane_requests, |_b, (_, _, len)| {
+        let len = attended(p, len);
         total += len as u64;
         longest = longest.max(len)
     });
@@ -172,7 +181,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     // Items needed with chunk size `c`.
     let items_with = |c: u32| {
         let mut n = 0u32;
-        each_request!(lane_requests, |_b, (_, _, len)| n += chunks_of(len, c));
+        each_request!(lane_requests, |_b, (_, _, len)| n += chunks_of(attended(p, len), c));
         warp_sum_u32(n)
     };
     let (lo, hi) =
@@ -185,7 +194,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
 
     // Prefix sum of the items over the lanes' request runs; the lane holding `item` broadcasts it.
     let mut mine = 0u32;
-    each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(len, chunk_tokens));
+    each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(attended(p, len), chunk_tokens));
     let mut inclusive = mine;
     for d in [1, 2, 4, 8, 16] {
         let v = shfl_up_u32(inclusive, d);
@@ -199,7 +208,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let mut before = inclusive - mine;
     let mut found = [0u32; 6];
     each_request!(lane_requests, |b, (first_index, num_pages, len)| {
-        let n = chunks_of(len, chunk_tokens);
+        let n = chunks_of(attended(p, len), chunk_tokens);
         if item >= before && item - before < n {
             found = [b, before, n, first_index, num_pages, len];
         }
@@ -209,6 +218,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let [request, first_item, request_chunks, first_index, num_pages, len] =
         found.map(|v| shfl_idx_u32(v, src));
     Some(Chunk::of_item(
+        p,
         request,
         (first_index, num_pages, len),
         first_item,
@@ -223,13 +233,14 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
 #[inline(always)]
 unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let (first_index, num_pages, len) = unsafe { request_pages(p, 0) };
+    let n = attended(p, len);
     let (chunk_tokens, _) =
-        chunk_bounds(len as u64, len, 1, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
-    let request_chunks = chunks_of(len, chunk_tokens);
+        chunk_bounds(n as u64, n, 1, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
+    let request_chunks = chunks_of(n, chunk_tokens);
     if item >= request_chunks {
         return None;
     }
-    Some(Chunk::of_item(0, (first_index, num_pages, len), 0, request_chunks, chunk_tokens, item))
+    Some(Chunk::of_item(p, 0, (first_index, num_pages, len), 0, request_chunks, chunk_tokens, item))
 }
 
 /// The chunk of item `item` from the item map the schedule kernel wrote ([`crate::schedule`]),
@@ -250,6 +261,7 @@ pub unsafe fn mapped_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let first_item = unsafe { ld_cg_u32(pair.add(1)) }.min(item);
     let pages = unsafe { request_pages(p, request) };
     // At most the items left: partial rows stay inside the workspace whatever the map holds.
-    let request_chunks = chunks_of(pages.2, chunk_tokens).min(items.min(p.num_chunks) - first_item);
-    Some(Chunk::of_item(request, pages, first_item, request_chunks, chunk_tokens, item))
+    let request_chunks =
+        chunks_of(attended(p, pages.2), chunk_tokens).min(items.min(p.num_chunks) - first_item);
+    Some(Chunk::of_item(p, request, pages, first_item, request_chunks, chunk_tokens, item))
 }

@@ -28,6 +28,7 @@ use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
 use crate::intrinsics::*;
 use crate::params::{DecodeParams, SCHEDULE_THREADS};
 use crate::partition::request_pages;
+use crate::variant::attended;
 
 const WARPS: u32 = SCHEDULE_THREADS / 32;
 
@@ -108,7 +109,8 @@ fn block_exclusive_scan_u32(v: u32, slot: u32) -> u32 {
 pub unsafe fn schedule_chunks(p: &DecodeParams) {
     allow_dependent_launch();
     let (first, count) = my_requests(p.batch);
-    let len = |b: u32| unsafe { request_pages(p, b) }.2;
+    // Tokens each request attends to (its window's).
+    let len = |b: u32| attended(p, unsafe { request_pages(p, b) }.2);
     let mut total = 0u64;
     let mut longest = 0u32;
     for b in first..first + count {
