@@ -123,11 +123,13 @@ impl LeanLaunch {
     fn for_descriptor(desc: &BatchPagedDecodeDescriptor, props: &DeviceProps) -> Option<Self> {
         let kv = &desc.paged_kv;
         let d = kv.head_dim as u32;
-        if !matches!(kv.element, ElementKind::F16 | ElementKind::BF16) || !entry::LEAN_HEAD_DIMS.contains(&d)
+        let fp8 = kv.element.fp8_layout().is_some();
+        if !(fp8 || matches!(kv.element, ElementKind::F16 | ElementKind::BF16))
+            || !entry::LEAN_HEAD_DIMS.contains(&d)
         {
             return None;
         }
-        let tiling = params::lean_tiling(d);
+        let tiling = if fp8 { params::fp8_lean_tiling(d) } else { params::lean_tiling(d) };
         let group = (desc.num_qo_heads / kv.num_kv_heads.max(1)).max(0) as u32;
         let q_tiles = group.min(tiling.heads_per_cta).div_ceil(16);
         let smem_bytes = params::mma_smem_bytes(tiling, d, q_tiles);

@@ -11,7 +11,7 @@ pub const CHECK_PAGE_TABLE: &str = "check_page_table";
 /// The read-bandwidth probe of the benchmark.
 pub const READ_BANDWIDTH: &str = "read_bandwidth";
 
-/// Head dimensions the lean kernel is built for (16-bit elements only).
+/// Head dimensions the lean kernel is built for (16-bit and 8-bit caches).
 pub const LEAN_HEAD_DIMS: [u32; 2] = [64, 128];
 
 /// Which decode entry of a kernel, element type and head_dim.
@@ -60,11 +60,15 @@ fn decode_name(
     format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
 }
 
-/// `decode_mma[_split]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16) over an
-/// 8-bit cache (sm_90 build only).
+/// `decode_mma[_split|_lean]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16)
+/// over an 8-bit cache (sm_90 build only).
 pub fn decode_fp8(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
-    let split = if variant == DecodeVariant::Split { "_split" } else { "" };
-    format!("decode_mma{split}_{}_{}_d{head_dim}", element_name(q), element_name(cache))
+    let variant = match variant {
+        DecodeVariant::Whole => "",
+        DecodeVariant::Split => "_split",
+        DecodeVariant::Lean => "_lean",
+    };
+    format!("decode_mma{variant}_{}_{}_d{head_dim}", element_name(q), element_name(cache))
 }
 
 /// `append_{element}`.
@@ -130,8 +134,8 @@ pub fn all() -> Vec<String> {
 }
 
 /// The entries of the sm_90 build only, in their order of definition: the tensor-core decode over
-/// 8-bit caches, whole and split, per cache format, q type and head_dim; then the quantizing
-/// appends.
+/// 8-bit caches, whole and split, per cache format, q type and head_dim; the lean ones at
+/// [`LEAN_HEAD_DIMS`]; then the quantizing appends.
 pub fn sm90_only() -> Vec<String> {
     use DecodeVariant::{Split, Whole};
     let mut names = Vec::new();
@@ -140,6 +144,11 @@ pub fn sm90_only() -> Vec<String> {
             for d in SUPPORTED_HEAD_DIMS.map(|d| d as u32) {
                 names.extend([Whole, Split].map(|v| decode_fp8(v, q, cache, d)));
             }
+        }
+    }
+    for cache in FP8_CACHE_ELEMENTS {
+        for q in FP8_Q_ELEMENTS {
+            names.extend(LEAN_HEAD_DIMS.map(|d| decode_fp8(DecodeVariant::Lean, q, cache, d)));
         }
     }
     for cache in FP8_CACHE_ELEMENTS {

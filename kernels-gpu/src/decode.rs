@@ -50,7 +50,9 @@ use crate::element::{Elem, MmaElem};
 use crate::fp8_operands as fp8;
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
-use crate::params::{DECODE_THREADS, DecodeParams, MmaTiling, fp8_tiling, lean_tiling, standard_tiling};
+use crate::params::{
+    DECODE_THREADS, DecodeParams, MmaTiling, fp8_lean_tiling, fp8_tiling, lean_tiling, standard_tiling,
+};
 use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
 use crate::variant::{Logits, with_sink};
 
@@ -77,6 +79,11 @@ impl<const D: u32> Tiling for Standard<D> {
 pub struct Lean<const D: u32>;
 impl<const D: u32> Tiling for Lean<D> {
     const T: MmaTiling = lean_tiling(D);
+}
+/// [`fp8_lean_tiling`] for head_dim `D`.
+pub struct Fp8Lean<const D: u32>;
+impl<const D: u32> Tiling for Fp8Lean<D> {
+    const T: MmaTiling = fp8_lean_tiling(D);
 }
 /// [`fp8_tiling`] for head_dim `D`.
 pub struct Fp8Standard<const D: u32>;

@@ -118,13 +118,13 @@ decode_mma_entry!(decode_mma_lean_bf16_d128, BF16, 128, Lean, false);
 #[cfg(target_feature = "sm_90")]
 mod fp8_entries {
     use crate::cache::{E4M3, E5M2, Fp8};
-    use crate::decode::{self, Fp8Standard, Tiling};
+    use crate::decode::{self, Fp8Lean, Fp8Standard, Tiling};
     use crate::element::{BF16, F16};
     use crate::params::{AppendParams, DecodeParams, decode_merge_batch};
     use crate::variant::Plain;
 
     macro_rules! decode_fp8_entry {
-        ($name:ident, $t:ty, $code:ty, $d:literal, $split:literal) => {
+        ($name:ident, $t:ty, $code:ty, $d:literal, $tiling:ident, $split:literal) => {
             /// # Safety
             /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
             #[unsafe(no_mangle)]
@@ -134,9 +134,9 @@ mod fp8_entries {
                         Fp8<$t, $code>,
                         $d,
                         { $d / 16 },
-                        { $d / 8 / Fp8Standard::<$d>::T.d_parts as usize },
+                        { $d / 8 / $tiling::<$d>::T.d_parts as usize },
                         { $d / 32 },
-                        Fp8Standard<$d>,
+                        $tiling<$d>,
                         $split,
                         { decode_merge_batch($d) as usize },
                         Plain,
@@ -148,8 +148,8 @@ mod fp8_entries {
     macro_rules! decode_fp8_entries {
         ($($whole:ident, $split:ident, $t:ty, $code:ty, $d:literal;)*) => {
             $(
-                decode_fp8_entry!($whole, $t, $code, $d, false);
-                decode_fp8_entry!($split, $t, $code, $d, true);
+                decode_fp8_entry!($whole, $t, $code, $d, Fp8Standard, false);
+                decode_fp8_entry!($split, $t, $code, $d, Fp8Standard, true);
             )*
         };
     }
@@ -167,6 +167,15 @@ mod fp8_entries {
         decode_mma_bf16_e5m2_d128, decode_mma_split_bf16_e5m2_d128, BF16, E5M2, 128;
         decode_mma_bf16_e5m2_d256, decode_mma_split_bf16_e5m2_d256, BF16, E5M2, 256;
     }
+    // Lean tiling, unsplit: many short requests (see `params::fp8_lean_tiling`).
+    decode_fp8_entry!(decode_mma_lean_f16_e4m3_d64, F16, E4M3, 64, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_f16_e4m3_d128, F16, E4M3, 128, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_bf16_e4m3_d64, BF16, E4M3, 64, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_bf16_e4m3_d128, BF16, E4M3, 128, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_f16_e5m2_d64, F16, E5M2, 64, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_f16_e5m2_d128, F16, E5M2, 128, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_bf16_e5m2_d64, BF16, E5M2, 64, Fp8Lean, false);
+    decode_fp8_entry!(decode_mma_lean_bf16_e5m2_d128, BF16, E5M2, 128, Fp8Lean, false);
 
     macro_rules! append_quantized_entry {
         ($name:ident, $t:ty, $format:expr) => {

@@ -209,6 +209,13 @@ pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
     }
 }
 
+/// The lean tiling over an 8-bit cache (head_dim 64 and 128): the 16-bit lean tiling's tokens
+/// per tile (4 KB of K and of V per stage), so that a CTA needs about 33 KB of shared memory and,
+/// within 128 registers, four run per SM: short requests over an 8-bit cache.
+pub const fn fp8_lean_tiling(head_dim: u32) -> MmaTiling {
+    MmaTiling { kv_bytes: 1, ..lean_tiling(head_dim) }
+}
+
 /// Registers per thread the lean entries are limited to (ptxas `.maxnreg`): four CTAs per SM.
 pub const LEAN_MAX_REGISTERS: u32 = 128;
 
