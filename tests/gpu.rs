@@ -1057,7 +1057,8 @@ fn fp8_decode_random_sweep() {
                 1 => Some(1 + (spec.seed % 40) as u32),
                 _ => None,
             };
-            let num_splits = (i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
+            // Forced split counts on random configurations only (a batch of 16384 cannot take them).
+            let num_splits = (i < configs && i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
             let pref = PlanPreference { spare_chunks, num_splits, ..PlanPreference::default() };
             let (err, path) = match &prepared {
                 PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),

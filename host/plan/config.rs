@@ -70,7 +70,7 @@ pub struct DecodeConfig {
     pub preferred_chunk: u32,
     /// CTAs resident at once on the device (SMs × CTAs per SM): one wave.
     pub wave_ctas: u32,
-    /// The lean kernel's launch (16-bit elements, head_dim 64 or 128), which `run` takes for
+    /// The lean kernel's launch (16-bit and 8-bit caches, head_dim 64 or 128), which `run` takes for
     /// short requests ([`PlanPreference::lean_max_avg_tokens`]).
     pub lean: Option<LeanLaunch>,
     /// The plan's sliding window ([`AttentionVariantDescriptor::window_left`]; `choose` leaves

@@ -59,8 +59,9 @@ impl Fp8Code for E4M3 {
     }
 }
 
-/// E5M2 codes (the upper byte of the f16 of the same value): one conversion per pair, which
-/// measured faster than placing the bytes with two byte permutes.
+/// E5M2 codes (the upper byte of the f16 of the same value): one conversion per pair, as E4M3
+/// (placing the bytes with two byte permutes instead measured the same: 84.3 against 84.0 µs on
+/// fp8e5m2-b32-L4k).
 pub struct E5M2;
 impl Fp8Code for E5M2 {
     #[inline(always)]
