@@ -18,7 +18,7 @@ use paged_decode::{
     ElementKind, Error, KvLayout, PagedKvAppendArgs, PagedKvAppendDescriptor, PagedKvAppendPairedArgs,
     PagedKvAppendPlan, PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
 };
-use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, rel_l2, tolerances};
+use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
 
 fn device(test: &str) -> Option<Device> {
     match Device::open(0) {
@@ -200,24 +200,7 @@ fn run_case<T: Element + ProblemCache>(
 
 /// Compares every request of (o, lse) with the reference; returns the worst relative error.
 fn check<T: Element>(what: &str, spec: &ProblemSpec, o: &[T], lse: &[f32], r: &DecodeOutput) -> f64 {
-    let (tol, lse_tol) = tolerances(T::KIND);
-    let row = spec.num_qo_heads * spec.head_dim;
-    let mut worst: f64 = 0.0;
-    for b in 0..spec.batch() {
-        let err = rel_l2(o[b * row..(b + 1) * row].iter().map(|x| x.to_f64()), &r.o[b * row..(b + 1) * row]);
-        assert!(err <= tol, "{what}: request {b} (len {}) rel err {err:.3e} > {tol:.0e}", spec.lens[b]);
-        worst = worst.max(err);
-        for h in 0..spec.num_qo_heads {
-            let (got, want) = (lse[b * spec.num_qo_heads + h] as f64, r.lse[b * spec.num_qo_heads + h]);
-            let ok = if want == f64::NEG_INFINITY {
-                got == f64::NEG_INFINITY
-            } else {
-                (got - want).abs() <= lse_tol
-            };
-            assert!(ok, "{what}: request {b} (len {}) head {h}: lse {got} vs reference {want}", spec.lens[b]);
-        }
-    }
-    worst
+    compare_outputs(spec, o, lse, r).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 /// A random variant problem: dtype-independent sizes as the plain sweep draws them, a window

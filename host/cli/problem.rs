@@ -477,6 +477,40 @@ pub fn rel_l2(out: impl IntoIterator<Item = f64>, reference: &[f64]) -> f64 {
     if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
 }
 
+/// Compares every request of a decode's `o` and `lse` with the reference `r` at `T`'s
+/// tolerances ([`tolerances`]; an empty row's lse must be `-inf`): the worst relative error, or
+/// what the first request that misses got wrong.
+pub fn compare_outputs<T: Element>(
+    spec: &ProblemSpec,
+    o: &[T],
+    lse: &[f32],
+    r: &paged_decode::reference::DecodeOutput,
+) -> std::result::Result<f64, String> {
+    let (tol, lse_tol) = tolerances(T::KIND);
+    let (heads, row) = (spec.num_qo_heads, spec.num_qo_heads * spec.head_dim);
+    let mut worst: f64 = 0.0;
+    for b in 0..spec.batch() {
+        let out = o.get(b * row..(b + 1) * row).ok_or("o is shorter than the batch")?;
+        let err = rel_l2(out.iter().map(|x| x.to_f64()), r.o.get(b * row..(b + 1) * row).unwrap_or(&[]));
+        if !(err <= tol) {
+            return Err(format!("request {b} (len {}) rel err {err:.3e} > {tol:.0e}", spec.lens[b]));
+        }
+        worst = worst.max(err);
+        for h in 0..heads {
+            let got = lse.get(b * heads + h).map_or(f64::NAN, |&x| x as f64);
+            let want = r.lse.get(b * heads + h).copied().unwrap_or(f64::NAN);
+            let ok = if want == f64::NEG_INFINITY { got == want } else { (got - want).abs() <= lse_tol };
+            if !ok {
+                return Err(format!(
+                    "request {b} (len {}) head {h}: lse {got} vs reference {want}",
+                    spec.lens[b]
+                ));
+            }
+        }
+    }
+    Ok(worst)
+}
+
 /// Relative-error thresholds per element type (f32 ≤ 1e-5, f16 ≤ 1e-3, bf16 ≤ 8e-3) and the
 /// absolute lse threshold.
 pub fn tolerances(kind: ElementKind) -> (f64, f64) {

@@ -70,18 +70,19 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     unsafe { core::arch::nvptx::trap() }
 }
 
+/// The tensor-core decode entry `$name` over the K/V cache format `$cache` ([`cache::KvCache`]).
 macro_rules! decode_mma_entry {
-    ($name:ident, $t:ty, $d:literal, $tiling:ident, $split:literal) => {
-        decode_mma_entry!($name, $t, $d, $tiling, $split, Plain);
+    ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal) => {
+        decode_mma_entry!($name, $cache, $d, $tiling, $split, Plain);
     };
-    ($name:ident, $t:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident) => {
+    ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident) => {
         /// # Safety
         /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             unsafe {
                 decode::decode_mma::<
-                    Native<$t>,
+                    $cache,
                     $d,
                     { $d / 16 },
                     { $d / 8 / $tiling::<$d>::T.d_parts as usize },
@@ -95,23 +96,23 @@ macro_rules! decode_mma_entry {
         }
     };
 }
-decode_mma_entry!(decode_mma_f16_d64, F16, 64, Standard, false);
-decode_mma_entry!(decode_mma_split_f16_d64, F16, 64, Standard, true);
-decode_mma_entry!(decode_mma_f16_d128, F16, 128, Standard, false);
-decode_mma_entry!(decode_mma_split_f16_d128, F16, 128, Standard, true);
-decode_mma_entry!(decode_mma_f16_d256, F16, 256, Standard, false);
-decode_mma_entry!(decode_mma_split_f16_d256, F16, 256, Standard, true);
-decode_mma_entry!(decode_mma_bf16_d64, BF16, 64, Standard, false);
-decode_mma_entry!(decode_mma_split_bf16_d64, BF16, 64, Standard, true);
-decode_mma_entry!(decode_mma_bf16_d128, BF16, 128, Standard, false);
-decode_mma_entry!(decode_mma_split_bf16_d128, BF16, 128, Standard, true);
-decode_mma_entry!(decode_mma_bf16_d256, BF16, 256, Standard, false);
-decode_mma_entry!(decode_mma_split_bf16_d256, BF16, 256, Standard, true);
+decode_mma_entry!(decode_mma_f16_d64, Native<F16>, 64, Standard, false);
+decode_mma_entry!(decode_mma_split_f16_d64, Native<F16>, 64, Standard, true);
+decode_mma_entry!(decode_mma_f16_d128, Native<F16>, 128, Standard, false);
+decode_mma_entry!(decode_mma_split_f16_d128, Native<F16>, 128, Standard, true);
+decode_mma_entry!(decode_mma_f16_d256, Native<F16>, 256, Standard, false);
+decode_mma_entry!(decode_mma_split_f16_d256, Native<F16>, 256, Standard, true);
+decode_mma_entry!(decode_mma_bf16_d64, Native<BF16>, 64, Standard, false);
+decode_mma_entry!(decode_mma_split_bf16_d64, Native<BF16>, 64, Standard, true);
+decode_mma_entry!(decode_mma_bf16_d128, Native<BF16>, 128, Standard, false);
+decode_mma_entry!(decode_mma_split_bf16_d128, Native<BF16>, 128, Standard, true);
+decode_mma_entry!(decode_mma_bf16_d256, Native<BF16>, 256, Standard, false);
+decode_mma_entry!(decode_mma_split_bf16_d256, Native<BF16>, 256, Standard, true);
 // Lean tiling, unsplit: many short requests (see `params::lean_tiling`).
-decode_mma_entry!(decode_mma_lean_f16_d64, F16, 64, Lean, false);
-decode_mma_entry!(decode_mma_lean_f16_d128, F16, 128, Lean, false);
-decode_mma_entry!(decode_mma_lean_bf16_d64, BF16, 64, Lean, false);
-decode_mma_entry!(decode_mma_lean_bf16_d128, BF16, 128, Lean, false);
+decode_mma_entry!(decode_mma_lean_f16_d64, Native<F16>, 64, Lean, false);
+decode_mma_entry!(decode_mma_lean_f16_d128, Native<F16>, 128, Lean, false);
+decode_mma_entry!(decode_mma_lean_bf16_d64, Native<BF16>, 64, Lean, false);
+decode_mma_entry!(decode_mma_lean_bf16_d128, Native<BF16>, 128, Lean, false);
 
 /// Tensor-core decode over an 8-bit cache (`cvt.rn.f16x2.e4m3x2` needs sm_89: the sm_90 build
 /// only).
@@ -125,24 +126,7 @@ mod fp8_entries {
 
     macro_rules! decode_fp8_entry {
         ($name:ident, $t:ty, $code:ty, $d:literal, $tiling:ident, $split:literal) => {
-            /// # Safety
-            /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
-                unsafe {
-                    decode::decode_mma::<
-                        Fp8<$t, $code>,
-                        $d,
-                        { $d / 16 },
-                        { $d / 8 / $tiling::<$d>::T.d_parts as usize },
-                        { $d / 32 },
-                        $tiling<$d>,
-                        $split,
-                        { decode_merge_batch($d) as usize },
-                        Plain,
-                    >(&p)
-                }
-            }
+            decode_mma_entry!($name, Fp8<$t, $code>, $d, $tiling, $split);
         };
     }
     macro_rules! decode_fp8_entries {
@@ -214,18 +198,18 @@ decode_simt_entry!(decode_simt_f32_d256, f32, 256, false);
 decode_simt_entry!(decode_simt_split_f32_d256, f32, 256, true);
 // Logits soft-cap (`variant::SoftCap`), standard tiling and CUDA-core kernels: own entries, so
 // that the plain ones above stay as they are.
-decode_mma_entry!(decode_mma_softcap_f16_d64, F16, 64, Standard, false, SoftCap);
-decode_mma_entry!(decode_mma_softcap_split_f16_d64, F16, 64, Standard, true, SoftCap);
-decode_mma_entry!(decode_mma_softcap_f16_d128, F16, 128, Standard, false, SoftCap);
-decode_mma_entry!(decode_mma_softcap_split_f16_d128, F16, 128, Standard, true, SoftCap);
-decode_mma_entry!(decode_mma_softcap_f16_d256, F16, 256, Standard, false, SoftCap);
-decode_mma_entry!(decode_mma_softcap_split_f16_d256, F16, 256, Standard, true, SoftCap);
-decode_mma_entry!(decode_mma_softcap_bf16_d64, BF16, 64, Standard, false, SoftCap);
-decode_mma_entry!(decode_mma_softcap_split_bf16_d64, BF16, 64, Standard, true, SoftCap);
-decode_mma_entry!(decode_mma_softcap_bf16_d128, BF16, 128, Standard, false, SoftCap);
-decode_mma_entry!(decode_mma_softcap_split_bf16_d128, BF16, 128, Standard, true, SoftCap);
-decode_mma_entry!(decode_mma_softcap_bf16_d256, BF16, 256, Standard, false, SoftCap);
-decode_mma_entry!(decode_mma_softcap_split_bf16_d256, BF16, 256, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_f16_d64, Native<F16>, 64, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_f16_d64, Native<F16>, 64, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_f16_d128, Native<F16>, 128, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_f16_d128, Native<F16>, 128, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_f16_d256, Native<F16>, 256, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_f16_d256, Native<F16>, 256, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_bf16_d64, Native<BF16>, 64, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_bf16_d64, Native<BF16>, 64, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_bf16_d128, Native<BF16>, 128, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_bf16_d128, Native<BF16>, 128, Standard, true, SoftCap);
+decode_mma_entry!(decode_mma_softcap_bf16_d256, Native<BF16>, 256, Standard, false, SoftCap);
+decode_mma_entry!(decode_mma_softcap_split_bf16_d256, Native<BF16>, 256, Standard, true, SoftCap);
 decode_simt_entry!(decode_simt_softcap_f32_d64, f32, 64, false, SoftCap);
 decode_simt_entry!(decode_simt_softcap_split_f32_d64, f32, 64, true, SoftCap);
 decode_simt_entry!(decode_simt_softcap_f32_d128, f32, 128, false, SoftCap);
