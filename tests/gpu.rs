@@ -1130,17 +1130,18 @@ fn fp8_append_quantizes_bit_exactly() {
         let token_d = dev.stream.clone_htod(&token).unwrap();
         let (b, n) = (5i32, host.indices.len() as i32);
         let shape = [desc.paged_kv.num_total_pages, 4, page as i32, d as i32];
-        let mut args = paged_decode::PagedKvAppendArgs {
-            key: paged_decode::TensorRef::new(token_d.slice(..), [b, 4, d as i32]),
-            value: paged_decode::TensorRef::new(token_d.slice(..), [b, 4, d as i32]),
-            k_data: paged_decode::TensorMut::new(store.k_data.slice_mut(..), shape),
-            v_data: paged_decode::TensorMut::new(store.v_data.slice_mut(..), shape),
-            indices: paged_decode::TensorRef::new(store.indices.slice(..), [n]),
-            indptr: paged_decode::TensorRef::new(store.indptr.slice(..), [b + 1]),
-            last_page_len: paged_decode::TensorRef::new(store.last_page_len.slice(..), [b]),
-        };
-        plan.run(&dev.stream, &mut Workspace::none(), &mut args).unwrap();
-        drop(args);
+        {
+            let mut args = paged_decode::PagedKvAppendArgs {
+                key: paged_decode::TensorRef::new(token_d.slice(..), [b, 4, d as i32]),
+                value: paged_decode::TensorRef::new(token_d.slice(..), [b, 4, d as i32]),
+                k_data: paged_decode::TensorMut::new(store.k_data.slice_mut(..), shape),
+                v_data: paged_decode::TensorMut::new(store.v_data.slice_mut(..), shape),
+                indices: paged_decode::TensorRef::new(store.indices.slice(..), [n]),
+                indptr: paged_decode::TensorRef::new(store.indptr.slice(..), [b + 1]),
+                last_page_len: paged_decode::TensorRef::new(store.last_page_len.slice(..), [b]),
+            };
+            plan.run(&dev.stream, &mut Workspace::none(), &mut args).unwrap();
+        }
         // Expected: each request's token rows in slot `last_page_len - 1` of its last page.
         let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
         let mut want = codes(&host.k_data);

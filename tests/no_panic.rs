@@ -9,13 +9,14 @@ mod problem;
 
 use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
+use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
 use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
 use paged_decode::reference::{self, AttentionVariant, KvScales, KvView, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
-    Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
+    CacheElement, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
     PagedKvAppendPlan, PagedKvCacheDescriptor, PlanPreference, Result, TensorLayout, ptx,
 };
 use proptest::prelude::*;
@@ -27,8 +28,15 @@ fn config() -> ProptestConfig {
     ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }
 }
 
-const ELEMENTS: [ElementKind; 5] =
-    [ElementKind::F16, ElementKind::BF16, ElementKind::F32, ElementKind::I32, ElementKind::U8];
+const ELEMENTS: [ElementKind; 7] = [
+    ElementKind::F16,
+    ElementKind::BF16,
+    ElementKind::F32,
+    ElementKind::I32,
+    ElementKind::U8,
+    ElementKind::E4M3,
+    ElementKind::E5M2,
+];
 
 fn element() -> BoxedStrategy<ElementKind> {
     select(ELEMENTS.to_vec()).boxed()
@@ -296,17 +304,17 @@ fn is_typed_rejection<X>(r: &Result<X>) -> bool {
 
 /// Descriptor check for every element type; `choose` and the contiguous layout for the ones it
 /// accepts.
-fn decode_descriptor_case<T: Element>(
+fn decode_descriptor_case<T: Element, C: CacheElement>(
     desc: &BatchPagedDecodeDescriptor,
     props: &DeviceProps,
     max_ws: usize,
 ) -> std::result::Result<(), TestCaseError> {
-    let r = BatchPagedDecodePlan::<T>::check_descriptor(desc);
+    let r = BatchPagedDecodePlan::<T, C>::check_descriptor(desc);
     prop_assert!(is_typed_rejection(&r), "{r:?}");
     if r.is_err() {
         return Ok(());
     }
-    prop_assert_eq!(desc.paged_kv.element, T::KIND);
+    prop_assert_eq!(desc.paged_kv.element, C::CACHE_KIND);
     let cfg = DecodeConfig::choose(desc, props, max_ws);
     match cfg {
         Ok(cfg) => {
@@ -335,22 +343,25 @@ fn decode_descriptor_case<T: Element>(
         Err(e) => return Err(TestCaseError::fail(format!("choose: {e:?}"))),
     }
     for n in [0, 1, 1000] {
-        let r =
-            BatchPagedDecodePlan::<T>::check_layout(desc, &BatchPagedDecodeArgsLayout::contiguous(desc, n));
+        let r = BatchPagedDecodePlan::<T, C>::check_layout(
+            desc,
+            &BatchPagedDecodeArgsLayout::contiguous(desc, n),
+        );
         prop_assert!(r.is_ok(), "contiguous layout rejected: {r:?}");
     }
     Ok(())
 }
 
-fn append_descriptor_case<T: Element>(
+fn append_descriptor_case<T: CacheElement, C: CacheElement>(
     desc: &PagedKvAppendDescriptor,
 ) -> std::result::Result<(), TestCaseError> {
-    let r = PagedKvAppendPlan::<T>::check_descriptor(desc);
+    let r = PagedKvAppendPlan::<T, C>::check_descriptor(desc);
     prop_assert!(is_typed_rejection(&r), "{r:?}");
     if r.is_ok() {
-        prop_assert_eq!(desc.paged_kv.element, T::KIND);
+        prop_assert_eq!(desc.paged_kv.element, C::CACHE_KIND);
         for n in [0, 1, 1000] {
-            let r = PagedKvAppendPlan::<T>::check_layout(desc, &PagedKvAppendArgsLayout::contiguous(desc, n));
+            let r =
+                PagedKvAppendPlan::<T, C>::check_layout(desc, &PagedKvAppendArgsLayout::contiguous(desc, n));
             prop_assert!(r.is_ok(), "contiguous layout rejected: {r:?}");
         }
     }
@@ -634,7 +645,9 @@ proptest! {
         if r.is_ok() {
             prop_assert!(BatchPagedDecodePlan::<f16>::check_descriptor(&desc).is_ok()
                 || BatchPagedDecodePlan::<bf16>::check_descriptor(&desc).is_ok()
-                || BatchPagedDecodePlan::<f32>::check_descriptor(&desc).is_ok());
+                || BatchPagedDecodePlan::<f32>::check_descriptor(&desc).is_ok()
+                || BatchPagedDecodePlan::<f16, F8E4M3>::check_descriptor(&desc).is_ok()
+                || BatchPagedDecodePlan::<f16, F8E5M2>::check_descriptor(&desc).is_ok());
         }
     }
 
@@ -715,9 +728,12 @@ proptest! {
         props in device_props(),
         max_ws in workspace_limit(),
     ) {
-        decode_descriptor_case::<f16>(&desc, &props, max_ws)?;
-        decode_descriptor_case::<bf16>(&desc, &props, max_ws)?;
-        decode_descriptor_case::<f32>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<f16, f16>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<bf16, bf16>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<f32, f32>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<f16, F8E4M3>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<bf16, F8E5M2>(&desc, &props, max_ws)?;
+        decode_descriptor_case::<f32, F8E4M3>(&desc, &props, max_ws)?;
     }
 
     #[test]
@@ -740,9 +756,13 @@ proptest! {
 
     #[test]
     fn append_descriptor_never_panics(desc in append_desc()) {
-        append_descriptor_case::<f16>(&desc)?;
-        append_descriptor_case::<bf16>(&desc)?;
-        append_descriptor_case::<f32>(&desc)?;
+        append_descriptor_case::<f16, f16>(&desc)?;
+        append_descriptor_case::<bf16, bf16>(&desc)?;
+        append_descriptor_case::<f32, f32>(&desc)?;
+        append_descriptor_case::<f16, F8E4M3>(&desc)?;
+        append_descriptor_case::<bf16, F8E5M2>(&desc)?;
+        append_descriptor_case::<F8E4M3, F8E4M3>(&desc)?;
+        append_descriptor_case::<f32, F8E5M2>(&desc)?;
     }
 
     #[test]

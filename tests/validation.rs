@@ -839,3 +839,53 @@ fn open_without_driver_is_no_device() {
     assert!(matches!(Device::open(0), Err(Error::NoDevice)));
     assert!(matches!(Device::open(7), Err(Error::NoDevice)));
 }
+
+/// 8-bit caches: f16 / bf16 q over E4M3 / E5M2 pass; other q types, a cache element other than
+/// q's type or an 8-bit float, and descriptors of the wrong store element are typed errors; the
+/// launch rule gives them the tensor-core kernel with 8-bit stages.
+#[test]
+fn fp8_cache_descriptors() {
+    use paged_decode::float8::{F8E4M3, F8E5M2};
+    let e4 = decode_desc(ElementKind::E4M3, 4, 32, 8, 128);
+    let e5 = decode_desc(ElementKind::E5M2, 4, 32, 8, 128);
+    BatchPagedDecodePlan::<f16, F8E4M3>::check_descriptor(&e4).unwrap();
+    BatchPagedDecodePlan::<bf16, F8E4M3>::check_descriptor(&e4).unwrap();
+    BatchPagedDecodePlan::<f16, F8E5M2>::check_descriptor(&e5).unwrap();
+    BatchPagedDecodePlan::<bf16, F8E5M2>::check_descriptor(&e5).unwrap();
+    expect_unsupported(BatchPagedDecodePlan::<f32, F8E4M3>::check_descriptor(&e4), &["F32", "8-bit"]);
+    expect_invalid(BatchPagedDecodePlan::<f16, F8E4M3>::check_descriptor(&e5), &["E5M2", "E4M3"]);
+    expect_invalid(
+        BatchPagedDecodePlan::<f16, bf16>::check_descriptor(&decode_desc(ElementKind::BF16, 2, 8, 2, 64)),
+        &["BF16", "F16", "8-bit"],
+    );
+    for d in [64, 128, 256] {
+        let config =
+            DecodeConfig::choose(&decode_desc(ElementKind::E4M3, 32, 32, 8, d), &H200, usize::MAX).unwrap();
+        assert_eq!(config.kernel, paged_decode::plan::DecodeKernel::Mma);
+        assert!(config.smem_bytes <= H200.smem_per_block_optin / 2, "d {d}: two CTAs per SM");
+        let lean = config.lean.map(|l| l.smem_bytes);
+        assert_eq!(lean.is_some(), d <= 128, "d {d}: lean launch {lean:?}");
+    }
+    // Quantizing appends: f16 / bf16 tokens into 8-bit stores, codes into stores of codes.
+    let a4 = append_desc(ElementKind::E4M3, 4, 8, 128);
+    PagedKvAppendPlan::<f16, F8E4M3>::check_descriptor(&a4).unwrap();
+    PagedKvAppendPlan::<bf16, F8E4M3>::check_descriptor(&a4).unwrap();
+    PagedKvAppendPlan::<F8E4M3, F8E4M3>::check_descriptor(&a4).unwrap();
+    expect_unsupported(PagedKvAppendPlan::<f32, F8E4M3>::check_descriptor(&a4), &["F32", "E4M3"]);
+    expect_unsupported(PagedKvAppendPlan::<F8E5M2, F8E4M3>::check_descriptor(&a4), &["E5M2", "E4M3"]);
+    expect_invalid(PagedKvAppendPlan::<f16, F8E5M2>::check_descriptor(&a4), &["E4M3", "E5M2"]);
+}
+
+/// Dequantization scales must be finite and positive.
+#[test]
+fn kv_scales_are_checked() {
+    use paged_decode::KvScales;
+    assert_eq!(KvScales::ONE.check().unwrap(), KvScales::ONE);
+    KvScales { k_scale: 0.0042, v_scale: 3.5 }.check().unwrap();
+    for (k, v) in [(0.0, 1.0), (1.0, -2.0), (f32::NAN, 1.0), (1.0, f32::INFINITY)] {
+        expect_invalid(
+            KvScales { k_scale: k, v_scale: v }.check().map(|_| ()),
+            &["must be finite and positive"],
+        );
+    }
+}

@@ -492,7 +492,7 @@ pub fn compare_outputs<T: Element>(
     for b in 0..spec.batch() {
         let out = o.get(b * row..(b + 1) * row).ok_or("o is shorter than the batch")?;
         let err = rel_l2(out.iter().map(|x| x.to_f64()), r.o.get(b * row..(b + 1) * row).unwrap_or(&[]));
-        if !(err <= tol) {
+        if err.is_nan() || err > tol {
             return Err(format!("request {b} (len {}) rel err {err:.3e} > {tol:.0e}", spec.lens[b]));
         }
         worst = worst.max(err);

@@ -364,7 +364,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
         let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
         let tokens = [table[0].0, table[1].0];
-        self.launch(stream, tokens, [k, v], strides, page_table_ptrs, args.indices.shape[0], scales)
+        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)
     }
 
     /// [`Self::run`] into K and V stores that share one allocation ([`PagedKvAppendPairedArgs`]:
@@ -405,19 +405,19 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
         let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
         let tokens = [table[0].0, table[1].0];
-        self.launch(stream, tokens, [k, v], strides, page_table_ptrs, args.indices.shape[0], KvScales::ONE)
+        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), KvScales::ONE)
     }
 
     /// Launches the append kernel on device addresses whose tensors were checked against the
-    /// descriptor (`key`/`value`, the K/V views, `indices`/`indptr`/`last_page_len`).
+    /// descriptor (`key`/`value`, the K/V views, `indices`/`indptr`/`last_page_len` with the
+    /// extent of `indices`).
     fn launch(
         &self,
         stream: &Arc<CudaStream>,
         [key, value]: [u64; 2],
         [k, v]: [u64; 2],
         strides: KvStrides,
-        [indices, indptr, last]: [u64; 3],
-        num_indices: i32,
+        ([indices, indptr, last], num_indices): ([u64; 3], i32),
         scales: KvScales,
     ) -> Result<()> {
         let kv = &self.desc.paged_kv;
