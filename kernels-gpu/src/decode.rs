@@ -6,6 +6,10 @@
 //!   strides of the parameters (HND, NHD, K and V interleaved per page, pages of a shared pool;
 //!   see `page_row`). Token `t` of request `b` lives in page `indices[indptr[b] + t / page_size]`,
 //!   slot `t % page_size`.
+//! - K/V cache formats ([`crate::cache`]): elements of the MMA's 16-bit type, read by `ldmatrix`,
+//!   or 8-bit codes (E4M3 / E5M2 with q and o in f16 or bf16), dequantized to f16 in registers
+//!   with the fragment layout of [`crate::fp8_operands`]: half the bytes per tile at the same
+//!   tokens, four stages, and the dequantization scales on the logits and the output.
 //! - Attention variants ([`crate::variant`]): the logits' form is a type parameter ([`Logits`]:
 //!   plain or soft-capped), the sliding window shapes the chunks, and attention sinks join the
 //!   finished rows.
@@ -22,7 +26,7 @@
 //!   of the requests into at most `num_chunks` chunks from the page table
 //!   ([`crate::partition`]). Every K/V byte of the chunk is read from HBM once and shared by all
 //!   query heads of the block.
-//! - K/V tiles of 16 KB each (8192 / D tokens) stream global → shared through a 3-stage
+//! - K/V tiles of 16 KB each (8192 / D tokens; 8 KB of 8-bit codes) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
 //!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
 //!   (`KvPipeline`).
