@@ -22,6 +22,17 @@ pub enum ElementKind {
 }
 
 impl ElementKind {
+    /// Every element kind, in declaration order.
+    pub const ALL: [ElementKind; 7] = [
+        ElementKind::F16,
+        ElementKind::BF16,
+        ElementKind::F32,
+        ElementKind::I32,
+        ElementKind::U8,
+        ElementKind::E4M3,
+        ElementKind::E5M2,
+    ];
+
     /// Size of one element in bytes.
     pub const fn size_bytes(self) -> usize {
         match self {

@@ -476,13 +476,8 @@ fn checksum<T: Element>(v: &[T]) -> Vec<u64> {
 fn append_matches_reference_and_touches_nothing_else() {
     let Some(dev) = device("append_matches_reference_and_touches_nothing_else") else { return };
     fn one<T: Element + ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
-        // Lengths after the caller advanced the table for the new token (≥ 1).
         let mut rng = Rng::new(seed);
-        let lens: Vec<usize> =
-            (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
-        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
-        let host = HostProblem::<T>::random(&spec).unwrap();
-        let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
+        let (host, desc) = HostProblem::<T>::random_append(&mut rng, page, d, seed).unwrap();
         let row = 7 * 4 * d;
         let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
@@ -1077,11 +1072,7 @@ fn fp8_append_quantizes_bit_exactly() {
     }
     fn one<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
         let mut rng = Rng::new(seed);
-        let lens: Vec<usize> =
-            (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
-        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
-        let host = HostProblem::<T, C>::random(&spec).unwrap();
-        let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
+        let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
         let row = 7 * 4 * d;
         // Values up to twice E4M3's range after the scale, and the special values.
         let mut key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();

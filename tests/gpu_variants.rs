@@ -15,8 +15,8 @@ use half::{bf16, f16};
 use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgs, BatchPagedDecodePlan, DecodePath, Device, Element,
-    ElementKind, Error, KvLayout, PagedKvAppendArgs, PagedKvAppendDescriptor, PagedKvAppendPairedArgs,
-    PagedKvAppendPlan, PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
+    ElementKind, Error, KvLayout, PagedKvAppendArgs, PagedKvAppendPairedArgs, PagedKvAppendPlan,
+    PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
 };
 use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
 
@@ -480,11 +480,7 @@ fn append_into_every_layout() {
     fn one<T: Element + ProblemCache>(dev: &Device, layout: Layout, page: usize, d: usize, seed: u64) {
         let s = &dev.stream;
         let mut rng = Rng::new(seed);
-        let lens: Vec<usize> =
-            (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
-        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
-        let host = HostProblem::<T>::random(&spec).unwrap();
-        let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
+        let (host, desc) = HostProblem::<T>::random_append(&mut rng, page, d, seed).unwrap();
         let row = 7 * 4 * d;
         let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();

@@ -28,18 +28,8 @@ fn config() -> ProptestConfig {
     ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }
 }
 
-const ELEMENTS: [ElementKind; 7] = [
-    ElementKind::F16,
-    ElementKind::BF16,
-    ElementKind::F32,
-    ElementKind::I32,
-    ElementKind::U8,
-    ElementKind::E4M3,
-    ElementKind::E5M2,
-];
-
 fn element() -> BoxedStrategy<ElementKind> {
-    select(ELEMENTS.to_vec()).boxed()
+    select(ElementKind::ALL.to_vec()).boxed()
 }
 
 const BOUNDARY: [i32; 12] =

@@ -273,6 +273,23 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len, scales })
     }
 
+    /// An append problem drawn from `rng`: 7 requests of 4 KV heads (8 query heads) with
+    /// head_dim `d` on pages of `page` tokens (3 spare), their tables already advanced for the new
+    /// token (the first request's new token fills its last page), and its append descriptor.
+    pub fn random_append(
+        rng: &mut Rng,
+        page: usize,
+        d: usize,
+        seed: u64,
+    ) -> Result<(Self, PagedKvAppendDescriptor)> {
+        let lens =
+            (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
+        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
+        let host = Self::random(&spec)?;
+        let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
+        Ok((host, desc))
+    }
+
     /// The page table borrowed from this problem.
     pub fn page_table(&self) -> PageTable<'_> {
         PageTable { indptr: &self.indptr, indices: &self.indices, last_page_len: &self.last_page_len }
@@ -310,13 +327,12 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
             }
             return self.reference_of(&desc, q, table);
         }
-        let values = |data: &[C]| data.iter().map(|c| T::from_f64(c.value(1.0))).collect::<Vec<T>>();
-        let (k, v) = (values(&self.k_data), values(&self.v_data));
+        let (k, v) = self.store_of_q_type()?;
         let view = |data| match layout {
             KvLayout::Nhd => KvView::nhd(data, &self.desc.paged_kv),
             _ => KvView::hnd(data, &self.desc.paged_kv),
         };
-        paged_decode::reference::decode_strided(&desc, variant, q, view(&k), view(&v), table)
+        paged_decode::reference::decode_strided(&desc, variant, q, view(k), view(v), table)
     }
 
     /// Float64 reference output of every request.
@@ -337,9 +353,19 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
             let (k, v) = (codes(&self.k_data), codes(&self.v_data));
             paged_decode::reference::decode_fp8(desc, q, &k, &v, self.scales, table)
         } else {
-            let values = |data: &[C]| data.iter().map(|c| T::from_f64(c.value(1.0))).collect::<Vec<T>>();
-            let (k, v) = (values(&self.k_data), values(&self.v_data));
-            paged_decode::reference::decode(desc, q, &k, &v, table)
+            let (k, v) = self.store_of_q_type()?;
+            paged_decode::reference::decode(desc, q, k, v, table)
+        }
+    }
+
+    /// The K and V stores as elements of q's type, borrowed: a store that is not of 8-bit codes
+    /// holds q's type (the plans accept no other).
+    fn store_of_q_type(&self) -> Result<(&[T], &[T])> {
+        let k = (&self.k_data as &dyn std::any::Any).downcast_ref::<Vec<T>>();
+        let v = (&self.v_data as &dyn std::any::Any).downcast_ref::<Vec<T>>();
+        match (k, v) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(invalid(format!("a {:?} store under {:?} queries", C::CACHE_KIND, T::KIND))),
         }
     }
 }

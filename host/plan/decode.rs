@@ -702,15 +702,7 @@ mod tests {
     /// Descriptors of every element type and several head dims, batches and groups, supported or
     /// not.
     fn descriptors() -> impl Iterator<Item = BatchPagedDecodeDescriptor> {
-        let elements = [
-            ElementKind::F16,
-            ElementKind::BF16,
-            ElementKind::F32,
-            ElementKind::I32,
-            ElementKind::U8,
-            ElementKind::E4M3,
-            ElementKind::E5M2,
-        ];
+        let elements = ElementKind::ALL;
         let shapes = [(1, 1, 1), (3, 8, 4), (64, 8, 8), (1000, 2, 16), (33, 1, 64)];
         elements.into_iter().flat_map(move |element| {
             [32, 64, 96, 128, 256].into_iter().flat_map(move |head_dim| {
