@@ -629,9 +629,20 @@ proptest! {
     /// `choose` is public: any descriptor, also one `select` rejects, gets a configuration or a
     /// typed error.
     #[test]
-    fn choose_never_panics(desc in decode_desc(), props in device_props(), max_ws in workspace_limit()) {
+    fn choose_never_panics(
+        desc in decode_desc(),
+        props in device_props(),
+        max_ws in workspace_limit(),
+        resident in prop_oneof![0..=20u32, any::<u32>()],
+    ) {
         let r = DecodeConfig::choose(&desc, &props, max_ws);
         prop_assert!(is_typed_rejection(&r), "{r:?}");
+        let within = DecodeConfig::choose_resident(&desc, &props, max_ws, resident);
+        prop_assert!(is_typed_rejection(&within), "{within:?}");
+        prop_assert_eq!(within.is_ok(), r.is_ok());
+        if let Ok(cfg) = &r {
+            prop_assert!(cfg.ctas_per_sm(&props) <= 16);
+        }
         if r.is_ok() {
             prop_assert!(BatchPagedDecodePlan::<f16>::check_descriptor(&desc).is_ok()
                 || BatchPagedDecodePlan::<bf16>::check_descriptor(&desc).is_ok()

@@ -866,6 +866,18 @@ fn fp8_cache_descriptors() {
         let lean = config.lean.map(|l| l.smem_bytes);
         assert_eq!(lean.is_some(), d <= 128, "d {d}: lean launch {lean:?}");
     }
+    // Shared memory holds three 8-bit-cache CTAs per SM; when the loaded kernel's registers hold
+    // only two (what `select` asks the driver), the wave shrinks with them. Batch 32 × 8 KV heads
+    // is then one well-filled wave of whole requests instead of 1.3 waves of split chunks.
+    let b32 = decode_desc(ElementKind::E4M3, 32, 32, 8, 128);
+    let by_smem = DecodeConfig::choose(&b32, &H200, usize::MAX).unwrap();
+    assert_eq!((by_smem.wave_ctas, by_smem.ctas_per_sm(&H200)), (3 * 132, 3));
+    assert!(by_smem.is_split(), "{by_smem:?}");
+    let resident = DecodeConfig::choose_resident(&b32, &H200, usize::MAX, 2).unwrap();
+    assert_eq!(resident.wave_ctas, 2 * 132);
+    assert!(!resident.is_split(), "{resident:?}");
+    // A residency above what shared memory allows changes nothing.
+    assert_eq!(DecodeConfig::choose_resident(&b32, &H200, usize::MAX, 5).unwrap(), by_smem);
     // Quantizing appends: f16 / bf16 tokens into 8-bit stores, codes into stores of codes.
     let a4 = append_desc(ElementKind::E4M3, 4, 8, 128);
     PagedKvAppendPlan::<f16, F8E4M3>::check_descriptor(&a4).unwrap();

@@ -149,11 +149,27 @@ impl DecodeConfig {
     /// wave's share); otherwise enough splits that the last wave is at least 85 % busy. Capped
     /// by [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
     ///
+    /// One wave is `sm_count` times the CTAs per SM that shared memory allows; see
+    /// [`Self::choose_resident`] for a kernel whose registers allow fewer.
+    ///
     /// A descriptor `select` would reject gets the same typed error here.
     pub fn choose(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
         max_workspace_bytes: usize,
+    ) -> Result<Self> {
+        Self::choose_resident(desc, props, max_workspace_bytes, u32::MAX)
+    }
+
+    /// [`Self::choose`] for a tensor-core kernel of which at most `resident_per_sm` CTAs fit on
+    /// an SM (what the driver's occupancy calculator reports for the loaded entry: its register
+    /// count, which the driver's JIT decides, may hold fewer CTAs than shared memory does). A
+    /// wave sized by CTAs that cannot be resident would leave a partial second wave.
+    pub fn choose_resident(
+        desc: &BatchPagedDecodeDescriptor,
+        props: &DeviceProps,
+        max_workspace_bytes: usize,
+        resident_per_sm: u32,
     ) -> Result<Self> {
         check_decode_descriptor(desc)?;
         let kv = &desc.paged_kv;
@@ -177,7 +193,7 @@ impl DecodeConfig {
                         props.smem_per_block_optin
                     )));
                 }
-                let per_sm = (props.smem_per_sm / (smem + 1024)).clamp(1, 16);
+                let per_sm = (props.smem_per_sm / (smem + 1024)).min(resident_per_sm).clamp(1, 16);
                 (DecodeKernel::Mma, head_blocks, q_tiles, smem, per_sm)
             }
         };
@@ -263,6 +279,11 @@ impl DecodeConfig {
     /// CTAs per chunk: one per KV head and head block.
     fn ctas_per_chunk(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
         desc.paged_kv.num_kv_heads.max(1) as u64 * self.head_blocks.max(1) as u64
+    }
+
+    /// CTAs per SM the wave counts (`wave_ctas / sm_count`).
+    pub fn ctas_per_sm(&self, props: &DeviceProps) -> u32 {
+        self.wave_ctas / props.sm_count.max(1)
     }
 
     /// Chunks that one wave of CTAs holds (each takes a CTA per KV head and head block).

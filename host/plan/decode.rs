@@ -108,8 +108,9 @@ fn configure(
     desc: &BatchPagedDecodeDescriptor,
     props: &DeviceProps,
     pref: &PlanPreference,
+    resident_per_sm: u32,
 ) -> Result<DecodeConfig> {
-    let mut config = DecodeConfig::choose(desc, props, pref.max_workspace_bytes)?;
+    let mut config = DecodeConfig::choose_resident(desc, props, pref.max_workspace_bytes, resident_per_sm)?;
     if let Some(s) = pref.num_splits {
         config = config.with_num_splits(desc, s)?;
     }
@@ -299,7 +300,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 props.compute_capability.0, props.compute_capability.1
             )));
         }
-        let config = DecodeConfig { window_left: variant.window_left, ..configure(desc, &props, &pref)? };
+        let configure_within = |resident| -> Result<DecodeConfig> {
+            Ok(DecodeConfig { window_left: variant.window_left, ..configure(desc, &props, &pref, resident)? })
+        };
+        let mut config = configure_within(u32::MAX)?;
         let arch = ptx::build_for(props.compute_capability);
         if C::CACHE_KIND.fp8_layout().is_some() && arch != ArchSku::Sm90 {
             return Err(Error::Unsupported(format!(
@@ -310,7 +314,23 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         if C::CACHE_KIND.fp8_layout().is_some() && variant.logits_soft_cap.is_some() {
             return Err(Error::Unsupported("a logits soft-cap over an 8-bit cache".into()));
         }
-        let entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND);
+        let mut entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND);
+        let mut decode_fn = device::function(ctx, &entries.decode, config.smem_bytes)?;
+        // The rule sized the wave by shared memory; if the loaded kernel's registers hold fewer
+        // CTAs per SM, choose again for the wave that is really resident (once: the entry the
+        // second choice loads differs from the first by a few registers at most).
+        if config.kernel == DecodeKernel::Mma {
+            let resident = decode_fn.occupancy_max_active_blocks_per_multiprocessor(
+                params::DECODE_THREADS,
+                config.smem_bytes as usize,
+                None,
+            )?;
+            if resident > 0 && resident < config.ctas_per_sm(&props) {
+                config = configure_within(resident)?;
+                entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND);
+                decode_fn = device::function(ctx, &entries.decode, config.smem_bytes)?;
+            }
+        }
         let whole_fn = match &entries.whole {
             Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
             None => None,
@@ -334,7 +354,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             programmatic: pref.programmatic_launch
                 && ptx::supports_programmatic_launch(props.compute_capability),
             arch,
-            decode_fn: device::function(ctx, &entries.decode, config.smem_bytes)?,
+            decode_fn,
             check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
             ctx: ctx.clone(),
             _t: PhantomData,
@@ -743,7 +763,7 @@ mod tests {
                 let q_elements =
                     if fp8 { entry::FP8_Q_ELEMENTS.to_vec() } else { vec![desc.paged_kv.element] };
                 for pref in &prefs {
-                    let Ok(config) = configure(&desc, &props, pref) else { continue };
+                    let Ok(config) = configure(&desc, &props, pref, u32::MAX) else { continue };
                     for &q in &q_elements {
                         for logits_soft_cap in [None, Some(30.0)] {
                             if fp8 && logits_soft_cap.is_some() {

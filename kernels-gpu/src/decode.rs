@@ -467,9 +467,11 @@ pub unsafe fn decode_mma<
             // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
             // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
+            let mut v_words = [[0u32; 4]; 4]; // 8-bit cache: the lane's V bytes of the block
             if C::FP8 {
                 let q_frag = |kk: usize| if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
                 s = unsafe { fp8::scores::<C, D, QK>(q_frag, k_tile, row0, lane) };
+                v_words = unsafe { fp8::load_v::<D, DN>(v_tile, row0, col0, lane) };
             } else {
                 let mut s_odd = [[0f32; 4]; 2];
                 for kk in 0..QK {
@@ -537,7 +539,7 @@ pub unsafe fn decode_mma<
                 C::Mma::pack2(s[1][2], s[1][3]),
             ];
             if C::FP8 {
-                unsafe { fp8::accumulate_pv::<C, D, DN>(&mut o, p_frag, v_tile, row0, col0, lane) };
+                unsafe { fp8::accumulate_pv::<C, DN>(&mut o, p_frag, v_words) };
             } else {
                 for dn in 0..DN / 2 {
                     let v_row = row0 + (lane % 8) + 8 * ((lane / 8) % 2);

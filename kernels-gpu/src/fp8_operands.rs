@@ -82,23 +82,22 @@ pub unsafe fn scores<C: KvCache, const D: u32, const QK: usize>(
     s
 }
 
-/// `O += P·V` for the block at row `row0` of the 8-bit V tile `v_tile`: the warp's `DN` n-tiles
-/// from output column `col0` (columns as [`out_col`]); `p` is P as the A fragment.
+/// The lane's V bytes of the block at row `row0` of the 8-bit V tile `v_tile` for the warp's `DN`
+/// n-tiles from output column `col0` (columns as [`out_col`]): rows `4c…4c+3` of the block
+/// (`c = lane % 4`), `DN` bytes from column `col0 + DN·(lane / 4)` each. Loaded ahead of the
+/// softmax, so that their latency hides behind it.
 ///
 /// # Safety
-/// Warp-collective; `v_tile` holds the block's 16 rows, swizzled as [`swizzle8`].
+/// `v_tile` holds the block's 16 rows, swizzled as [`swizzle8`].
 #[inline(always)]
-pub unsafe fn accumulate_pv<C: KvCache, const D: u32, const DN: usize>(
-    o: &mut [[f32; 4]; DN],
-    p: [u32; 4],
+pub unsafe fn load_v<const D: u32, const DN: usize>(
     v_tile: u32,
     row0: u32,
     col0: u32,
     lane: u32,
-) {
+) -> [[u32; 4]; 4] {
     const { assert!(DN == 8 || DN == 16) };
     let (n, c) = (lane / 4, lane % 4);
-    // Rows 4c…4c+3 of the block, DN bytes from column col0 + DN·n each.
     let first = col0 + DN as u32 * n;
     let mut w = [[0u32; 4]; 4];
     for r in 0..4 {
@@ -110,6 +109,20 @@ pub unsafe fn accumulate_pv<C: KvCache, const D: u32, const DN: usize>(
             w[r] = [a, b, 0, 0];
         }
     }
+    w
+}
+
+/// `O += P·V` for the warp's `DN` n-tiles, from the lane's V bytes `w` ([`load_v`]); `p` is P as
+/// the A fragment.
+///
+/// # Safety
+/// Warp-collective.
+#[inline(always)]
+pub unsafe fn accumulate_pv<C: KvCache, const DN: usize>(
+    o: &mut [[f32; 4]; DN],
+    p: [u32; 4],
+    w: [[u32; 4]; 4],
+) {
     for i in 0..DN / 4 {
         // Columns 4i…4i+3: tokens (4c, 4c+1) form b0, (4c+2, 4c+3) form b1.
         let [b0_0, b0_1] = C::dequant4(prmt(w[0][i], w[1][i], 0x5140));
