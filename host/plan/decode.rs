@@ -762,8 +762,10 @@ mod tests {
                 // q over an 8-bit cache: both types it takes.
                 let q_elements =
                     if fp8 { entry::FP8_Q_ELEMENTS.to_vec() } else { vec![desc.paged_kv.element] };
-                for pref in &prefs {
-                    let Ok(config) = configure(&desc, &props, pref, u32::MAX) else { continue };
+                // As the rule chooses, and again for kernels whose registers hold fewer CTAs.
+                let choices = prefs.iter().flat_map(|pref| [u32::MAX, 2, 1].map(|resident| (pref, resident)));
+                for (pref, resident) in choices {
+                    let Ok(config) = configure(&desc, &props, pref, resident) else { continue };
                     for &q in &q_elements {
                         for logits_soft_cap in [None, Some(30.0)] {
                             if fp8 && logits_soft_cap.is_some() {
