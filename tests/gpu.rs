@@ -160,10 +160,8 @@ fn run_and_check<T: Element>(
 #[test]
 fn decode_random_sweep() {
     let Some(dev) = device("decode_random_sweep") else { return };
-    let base_seed: u64 =
-        std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC0FFEE);
-    let configs: usize =
-        std::env::var("PAGED_DECODE_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
+    let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xC0FFEE);
+    let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200);
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
     let mut worst = [0f64; 3];
@@ -375,8 +373,7 @@ fn decode_deterministic_and_graph_replay() {
             plan.run(&dev.stream, &mut ws, &mut args).unwrap();
         }
         let graph = dev.stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
-        let replays: usize =
-            std::env::var("PAGED_DECODE_REPLAYS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+        let replays: usize = problem::env_number("PAGED_DECODE_REPLAYS", 1000);
         for i in 0..replays {
             graph.launch().unwrap();
             if i % 250 == 249 || i + 1 == replays {
@@ -448,8 +445,7 @@ fn chained_decodes_see_the_previous_kernels_output() {
                 chain(&mut a, &mut b);
             }
             let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
-            let replays: usize =
-                std::env::var("PAGED_DECODE_REPLAYS").ok().and_then(|s| s.parse().ok()).unwrap_or(50).min(50);
+            let replays: usize = problem::env_number("PAGED_DECODE_REPLAYS", 50).min(50);
             for _ in 0..replays {
                 graph.launch().unwrap();
             }
@@ -892,8 +888,7 @@ fn tracked_device_orders_runs_across_streams() {
     fed.q = run_decode(&dev, &plan, &mut a).0;
     let want = fed.reference().unwrap();
     // Five rounds; fewer with PAGED_DECODE_REPLAYS (the sanitizers' runs).
-    let rounds: usize =
-        std::env::var("PAGED_DECODE_REPLAYS").ok().and_then(|s| s.parse().ok()).unwrap_or(5).clamp(1, 5);
+    let rounds: usize = problem::env_number("PAGED_DECODE_REPLAYS", 5).clamp(1, 5);
     for round in 0..rounds {
         a_stream.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
         for _ in 0..8 {
@@ -989,10 +984,8 @@ fn fp8_decode_random_sweep() {
     if !runs_fp8(&dev, test) {
         return;
     }
-    let base_seed: u64 =
-        std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xF8F8);
-    let configs: usize =
-        std::env::var("PAGED_DECODE_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(1200) / 2;
+    let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xF8F8);
+    let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200) / 2;
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let edge_cases = [
         with_lens(vec![0, 1, 30000, 0, 5, 17, 2], 32, 8, 128, 16),

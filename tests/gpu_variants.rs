@@ -321,10 +321,8 @@ fn sweep<T: Element + ProblemCache>(
 #[test]
 fn decode_variant_sweep() {
     let Some(dev) = device("decode_variant_sweep") else { return };
-    let base_seed: u64 =
-        std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xBADCAB);
-    let configs: usize =
-        std::env::var("PAGED_DECODE_VARIANT_SWEEP").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xBADCAB);
+    let configs: usize = problem::env_number("PAGED_DECODE_VARIANT_SWEEP", 200);
     let mut paths = std::collections::BTreeMap::new();
     let w16 = sweep::<f16>(&dev, configs, base_seed, &mut paths);
     let wb16 = sweep::<bf16>(&dev, configs, base_seed ^ 0x5555, &mut paths);

@@ -550,3 +550,9 @@ pub fn tolerances(kind: ElementKind) -> (f64, f64) {
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidProblem(msg.into())
 }
+
+/// The number in environment variable `name` (the GPU tests' sweep sizes, seeds and replay
+/// counts), or `default` when it is unset or not a number.
+pub fn env_number<N: std::str::FromStr>(name: &str, default: N) -> N {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}

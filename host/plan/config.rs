@@ -164,7 +164,9 @@ impl DecodeConfig {
     /// [`Self::choose`] for a tensor-core kernel of which at most `resident_per_sm` CTAs fit on
     /// an SM (what the driver's occupancy calculator reports for the loaded entry: its register
     /// count, which the driver's JIT decides, may hold fewer CTAs than shared memory does). A
-    /// wave sized by CTAs that cannot be resident would leave a partial second wave.
+    /// wave sized by CTAs that cannot be resident would leave a partial second wave. The f32
+    /// CUDA-core kernel's wave stays at 16 CTAs per SM, as `select` asks the driver only for the
+    /// tensor-core kernels (its 61 registers hold 8; not yet measured either way).
     pub fn choose_resident(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,

@@ -256,10 +256,8 @@ fn mix_table(build: &report::Build) -> String {
 
 /// `--entry NAME`: one entry in detail on both builds, SASS mix included when possible.
 fn entry_view(entry: &str) -> Result<()> {
-    // The sm_90 build has entries of its own (8-bit caches): found in either build is enough.
-    if ptx_text::find_entry(ptx::PTX_SM90, entry).is_err() {
-        ptx_text::find_entry(ptx::PTX, entry)?;
-    }
+    // The sm_90 build holds every entry (the portable one lacks the 8-bit caches' entries).
+    ptx_text::find_entry(ptx::PTX_SM90, entry)?;
     let tools = Tools::find(true);
     let report = report::build(&tools)?;
     let per_arch: Vec<(&str, &EntryReport)> = report
