@@ -322,6 +322,11 @@ pub struct PlanPreference {
     /// batch`) and the batch fills more than a wave; `None` takes the plan's bound
     /// ([`crate::plan::LEAN_MAX_AVG_TOKENS`]), `Some(0)` turns the lean kernel off. For tuning.
     pub lean_max_avg_tokens: Option<u32>,
+    /// Very short requests on the lean kernel: at most this many KV heads of a request per CTA
+    /// (one pipeline, one start-up for all of them) instead of the plan's bound (as many as one
+    /// 16-row query tile holds, see [`crate::plan::LeanLaunch::stack_shift`]); `Some(1)` keeps
+    /// one KV head per CTA. For tuning.
+    pub max_stacked_kv_heads: Option<u32>,
 }
 
 impl Default for PlanPreference {
@@ -335,6 +340,7 @@ impl Default for PlanPreference {
             num_splits: None,
             spare_chunks: None,
             lean_max_avg_tokens: None,
+            max_stacked_kv_heads: None,
         }
     }
 }

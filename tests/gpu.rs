@@ -343,6 +343,73 @@ fn decode_edge_cases() {
     }
 }
 
+/// Runs `plan` on `host` (outputs poisoned, the problem's K/V scales) and returns (o, lse).
+fn run_scaled_poisoned<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    plan: &BatchPagedDecodePlan<T, C>,
+    host: &HostProblem<T, C>,
+) -> (Vec<T>, Vec<f32>) {
+    let s = &dev.stream;
+    let mut buf = DeviceProblem::upload(s, host, plan.workspace_size()).unwrap();
+    s.memcpy_htod(&vec![T::from_f64(f64::NAN); buf.o.len()], &mut buf.o).unwrap();
+    s.memcpy_htod(&vec![f32::NAN; buf.lse.len()], &mut buf.lse).unwrap();
+    {
+        let (mut args, mut ws) = buf.args_and_workspace();
+        plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
+    }
+    (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap())
+}
+
+/// Very short requests in large batches: the lean kernel stacks KV heads, several per CTA. Each
+/// case must stack (the test fails if the rule stops doing so), matches the float64 reference and
+/// equals, bit for bit, the same plan with one KV head per CTA (a stacked CTA computes each row
+/// as the unstacked one does; the other heads' tiles add exact zeros).
+fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, name: &str, spec: &ProblemSpec) {
+    let host = HostProblem::<T, C>::random(spec).unwrap();
+    let r = host.reference().unwrap();
+    let select = |max_stacked_kv_heads| {
+        let pref = PlanPreference { max_stacked_kv_heads, ..PlanPreference::default() };
+        BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, pref).unwrap()
+    };
+    let (stacked, single) = (select(None), select(Some(1)));
+    let n = host.indices.len();
+    let heads = stacked.stacked_kv_heads(n);
+    let what = format!("{name} {:?}/{:?}: {heads} KV heads per CTA", T::KIND, C::CACHE_KIND);
+    assert!(stacked.path(n) == DecodePath::Lean && heads > 1, "{what}: expected stacked lean CTAs");
+    assert_eq!(single.stacked_kv_heads(n), 1, "{what}");
+    let (o, lse) = run_scaled_poisoned(dev, &stacked, &host);
+    let err = check(&what, &host.spec, &o, &lse, &r);
+    let (o1, lse1) = run_scaled_poisoned(dev, &single, &host);
+    assert!(checksum(&o) == checksum(&o1), "{what}: o differs from one KV head per CTA");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&lse) == bits(&lse1), "{what}: lse differs from one KV head per CTA");
+    println!("{what}: rel err {err:.2e}, bit-identical to one KV head per CTA");
+}
+
+#[test]
+fn decode_stacked_kv_heads() {
+    let Some(dev) = device("decode_stacked_kv_heads") else { return };
+    // (name, lengths, query heads, KV heads, head_dim, page size): groups 1, 2, 4 and 8, ragged
+    // lengths with empty and 1-token requests, page sizes 1, 5 and 16.
+    let ragged = |batch: usize, max: usize, step: usize| (0..batch).map(|i| (i * step) % (max + 1)).collect();
+    let cases: Vec<(&str, ProblemSpec)> = vec![
+        ("group 4, d 128, L ≤ 40", with_lens(ragged(2048, 40, 7), 32, 8, 128, 16)),
+        ("group 1, d 64, page 1", with_lens(ragged(1200, 20, 3), 16, 16, 64, 1)),
+        ("group 2, d 128, page 5", with_lens(ragged(1500, 60, 11), 16, 8, 128, 5)),
+        ("group 8, d 64", with_lens(ragged(1600, 30, 13), 64, 8, 64, 16)),
+        ("group 4, d 64, L = 16", with_lens(vec![16; 1100], 16, 4, 64, 16)),
+    ];
+    for (i, (name, spec)) in cases.into_iter().enumerate() {
+        let spec = ProblemSpec { seed: 7000 + i as u64, sm_scale: 0.09, ..spec };
+        stacked_case::<f16, f16>(&dev, name, &spec);
+        stacked_case::<bf16, bf16>(&dev, name, &spec);
+        if runs_fp8(&dev, "decode_stacked_kv_heads (8-bit caches)") {
+            stacked_case::<f16, F8E4M3>(&dev, name, &spec);
+            stacked_case::<bf16, F8E5M2>(&dev, name, &spec);
+        }
+    }
+}
+
 /// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit.
 #[test]
 fn decode_deterministic_and_graph_replay() {

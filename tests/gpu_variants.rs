@@ -379,6 +379,12 @@ fn decode_variant_edge_cases() {
             PlanPreference::default(),
         ),
         (
+            // Four KV heads per lean CTA: windows and sinks on stacked heads.
+            "batch 1200, very short (lean, stacked KV heads)",
+            spec((0..1200).map(|i| (i * 7) % 41).collect(), 32, 8, 128, 16),
+            PlanPreference::default(),
+        ),
+        (
             "batch 300, whole",
             spec((0..300).map(|i| i % 500).collect(), 8, 2, 256, 8),
             PlanPreference { spare_chunks: Some(0), ..PlanPreference::default() },

@@ -553,7 +553,11 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
                 preferred_chunk,
                 wave_ctas,
                 // Any lean launch too (the rule only makes ones the device holds).
-                lean: (mma && num_splits % 2 == 0).then_some(LeanLaunch { head_blocks, smem_bytes }),
+                lean: (mma && num_splits % 2 == 0).then_some(LeanLaunch {
+                    head_blocks,
+                    smem_bytes,
+                    wave_ctas,
+                }),
                 // Any window too.
                 window_left: (min_chunk % 3 == 0).then_some(preferred_chunk),
             },
@@ -564,7 +568,15 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
 fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_indices: usize) {
     let _ = cfg.num_chunks(desc);
     let _ = cfg.launched_chunks(desc, num_indices);
-    let _ = cfg.attended_tokens(desc, num_indices);
+    let tokens = cfg.attended_tokens(desc, num_indices);
+    if let Some(lean) = cfg.lean {
+        for max_heads in [0, 1, 4, 16, u32::MAX] {
+            for tokens in [0, 1, tokens, u64::MAX] {
+                let shift = lean.stack_shift(desc, tokens, max_heads);
+                assert!(1u32 << shift <= max_heads.max(1) && shift <= 4, "{shift}");
+            }
+        }
+    }
     let ws = cfg.workspace_size(desc);
     assert!(cfg.is_split() || ws == 0);
     for n in [0, 1, 7, u32::MAX] {

@@ -901,3 +901,38 @@ fn kv_scales_are_checked() {
         );
     }
 }
+
+/// The lean kernel stacks KV heads only for very short requests in batches that still fill two
+/// lean waves, in powers of two that divide the KV heads and fit one 16-row query tile.
+#[test]
+fn lean_stacks_kv_heads_by_rule() {
+    let stack = |b: i32, hq: i32, hkv: i32, d: i32, avg_tokens: u64, max_heads: u32| {
+        let desc = decode_desc(ElementKind::F16, b, hq, hkv, d);
+        let lean = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap().lean.unwrap();
+        assert_eq!(lean.wave_ctas, 4 * 132, "{desc:?}");
+        1u32 << lean.stack_shift(&desc, avg_tokens * b as u64, max_heads)
+    };
+    let all = u32::MAX;
+    // The scale table's short rows (32/8 heads): four KV heads (16 query heads) per CTA.
+    assert_eq!(stack(8192, 32, 8, 128, 32, all), 4);
+    assert_eq!(stack(1024, 32, 8, 128, 64, all), 4);
+    assert_eq!(stack(16384, 32, 8, 128, 64, all), 4);
+    // Longer requests stack fewer heads: at most 256 tokens per CTA at the average length.
+    assert_eq!(stack(512, 32, 8, 128, 128, all), 2);
+    assert_eq!(stack(4096, 32, 8, 128, 256, all), 1);
+    assert_eq!(stack(2048, 32, 8, 128, 208, all), 1);
+    // Batches that would fill fewer than two lean waves once stacked stack less or not at all.
+    assert_eq!(stack(256, 32, 8, 128, 64, all), 1);
+    assert_eq!(stack(300, 32, 8, 128, 16, all), 2);
+    // Groups: 1 → 16 heads, 2 → 8, 8 → 2, 16 and more → 1; the count divides the KV heads.
+    assert_eq!(stack(1200, 16, 16, 64, 10, all), 16);
+    assert_eq!(stack(1500, 16, 8, 128, 30, all), 8);
+    assert_eq!(stack(1600, 64, 8, 64, 15, all), 2);
+    assert_eq!(stack(4096, 64, 4, 128, 16, all), 1);
+    assert_eq!(stack(4096, 12, 6, 128, 16, all), 2);
+    assert_eq!(stack(4096, 4, 1, 128, 16, all), 1);
+    // The preference caps it.
+    assert_eq!(stack(8192, 32, 8, 128, 32, 2), 2);
+    assert_eq!(stack(8192, 32, 8, 128, 32, 1), 1);
+    assert_eq!(stack(8192, 32, 8, 128, 32, 0), 1);
+}

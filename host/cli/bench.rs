@@ -141,6 +141,9 @@ pub struct BenchOptions {
     pub spare_chunks: Option<u32>,
     /// Lean-kernel bound instead of the plan's ([`PlanPreference::lean_max_avg_tokens`]).
     pub lean_max_avg_tokens: Option<u32>,
+    /// Most KV heads per lean CTA instead of the plan's bound
+    /// ([`PlanPreference::max_stacked_kv_heads`]).
+    pub max_stacked_kv_heads: Option<u32>,
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
@@ -290,7 +293,10 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
         num_splits: plan.config().num_splits,
         num_chunks: plan.config().num_chunks(plan.descriptor()),
         launched_chunks: plan.config().launched_chunks(plan.descriptor(), host.indices.len()),
-        path: plan.path(host.indices.len()).name().into(),
+        path: match plan.stacked_kv_heads(host.indices.len()) {
+            1 => plan.path(host.indices.len()).name().into(),
+            heads => format!("{}-x{heads}", plan.path(host.indices.len()).name()),
+        },
         max_rel_err,
     })
 }
@@ -314,6 +320,7 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         num_splits: opts.num_splits,
         spare_chunks: opts.spare_chunks,
         lean_max_avg_tokens: opts.lean_max_avg_tokens,
+        max_stacked_kv_heads: opts.max_stacked_kv_heads,
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);

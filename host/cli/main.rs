@@ -94,6 +94,9 @@ enum Command {
         /// Largest page-table tokens per request for the lean kernel (0: off; tuning).
         #[arg(long)]
         lean_tokens: Option<u32>,
+        /// Most KV heads of a request per lean CTA (1: one; tuning).
+        #[arg(long)]
+        stack: Option<u32>,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -148,6 +151,7 @@ fn main() -> ExitCode {
             spare,
             indices_slack,
             lean_tokens,
+            stack,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
             spare_chunks: spare,
             indices_slack,
             lean_max_avg_tokens: lean_tokens,
+            max_stacked_kv_heads: stack,
         }),
     };
     match result {

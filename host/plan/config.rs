@@ -28,6 +28,13 @@ const WAVE_EFFICIENCY: f64 = 0.85;
 /// Default bound of [`PlanPreference::lean_max_avg_tokens`]: page tables holding at most this
 /// many tokens per request run the lean kernel when the batch fills more than a wave.
 pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
+/// Tokens a lean CTA that stacks KV heads may carry at the batch's average length (KV heads ×
+/// tokens per request): as many as one lean CTA of the longest average the lean rule allows.
+pub const STACK_MAX_TOKENS: u32 = LEAN_MAX_AVG_TOKENS;
+/// Waves of lean CTAs a batch must still fill once its KV heads are stacked.
+const STACK_MIN_WAVES: u64 = 2;
+/// Registers of one SM (sm_80 and sm_90).
+const REGISTERS_PER_SM: u32 = 65536;
 
 /// Which decode kernel a plan launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,13 +115,17 @@ impl DecodePath {
 
 /// Launch shape of the lean tensor-core kernel (`params::lean_tiling` in `kernels-gpu`): whole
 /// requests, at most 32 query heads per CTA; four CTAs per SM on sm_90 for groups of up to 16
-/// query heads per KV head, three for larger groups (shared memory).
+/// query heads per KV head, three for larger groups (shared memory). Very short requests stack
+/// several KV heads per CTA ([`Self::stack_shift`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeanLaunch {
     /// CTAs per (request, KV head) along the query heads of the group.
     pub head_blocks: u32,
     /// Dynamic shared memory per CTA.
     pub smem_bytes: u32,
+    /// CTAs resident at once on the device (SMs × CTAs per SM by shared memory and the entries'
+    /// register cap): one lean wave.
+    pub wave_ctas: u32,
 }
 
 impl LeanLaunch {
@@ -135,8 +146,43 @@ impl LeanLaunch {
         let smem_bytes = params::mma_smem_bytes(tiling, d, q_tiles);
         let head_blocks = group.div_ceil(tiling.heads_per_cta);
         let grid_y = kv.num_kv_heads.max(0) as u64 * head_blocks as u64;
-        (smem_bytes <= props.smem_per_block_optin && grid_y <= MAX_GRID_Y as u64)
-            .then_some(Self { head_blocks, smem_bytes })
+        let by_registers = REGISTERS_PER_SM / (params::LEAN_MAX_REGISTERS * params::DECODE_THREADS);
+        let per_sm = (props.smem_per_sm / (smem_bytes + 1024)).clamp(1, by_registers);
+        let wave_ctas = props.sm_count.max(1).saturating_mul(per_sm);
+        (smem_bytes <= props.smem_per_block_optin && grid_y <= MAX_GRID_Y as u64).then_some(Self {
+            head_blocks,
+            smem_bytes,
+            wave_ctas,
+        })
+    }
+
+    /// log2 of the KV heads each lean CTA covers (`DecodeParams::stack_shift`) when the page
+    /// table holds `tokens` attended tokens: the most, up to `max_heads`, such that
+    /// - they are a power of two dividing `num_kv_heads`, and their query heads fit one 16-row
+    ///   query tile (`params::STACKED_MAX_HEADS`);
+    /// - a CTA carries at most [`STACK_MAX_TOKENS`] tokens at the batch's average length, so
+    ///   only very short requests stack (and a long request of a ragged batch only when the
+    ///   average is that short);
+    /// - the batch still launches at least two lean waves of CTAs.
+    ///
+    /// 0 (one KV head per CTA) otherwise. Total on any descriptor.
+    pub fn stack_shift(&self, desc: &BatchPagedDecodeDescriptor, tokens: u64, max_heads: u32) -> u32 {
+        let kv_heads = desc.paged_kv.num_kv_heads.max(0) as u32;
+        let batch = desc.batch_size.max(0) as u64;
+        if kv_heads == 0 || batch == 0 || self.head_blocks != 1 {
+            return 0;
+        }
+        let group = (desc.num_qo_heads.max(0) as u32 / kv_heads).max(1);
+        let avg_tokens = tokens.div_ceil(batch).max(1);
+        let fits = |shift: u32| {
+            let heads = 1u32 << shift;
+            heads <= max_heads
+                && kv_heads % heads == 0
+                && group.saturating_mul(heads) <= params::STACKED_MAX_HEADS
+                && avg_tokens.saturating_mul(heads as u64) <= STACK_MAX_TOKENS as u64
+                && batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
+        };
+        (1..=params::STACKED_MAX_HEADS.trailing_zeros()).rev().find(|&s| fits(s)).unwrap_or(0)
     }
 }
 

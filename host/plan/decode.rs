@@ -542,6 +542,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         };
         let num_indices = args.indices.shape[0].max(0) as u32;
         let path = self.path(num_indices as usize);
+        let stack_shift = self.stacked_kv_heads(num_indices as usize).trailing_zeros();
         let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
         let layout = self.config.workspace_layout(&self.desc);
         if split {
@@ -599,6 +600,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             soft_cap_scale: self.variant.logits_soft_cap.map_or(0.0, |cap| self.desc.sm_scale / cap),
             soft_cap_log2: self.variant.logits_soft_cap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
             sinks,
+            stack_shift,
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.
@@ -612,7 +614,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 }
                 _ => (&self.decode_fn, self.config.head_blocks, self.config.smem_bytes),
             };
-        let head_blocks = kv.num_kv_heads as u32 * head_blocks;
+        let head_blocks = (kv.num_kv_heads as u32 * head_blocks) >> stack_shift;
         let chunks = if split {
             self.config.launched_chunks(&self.desc, num_indices as usize)
         } else {
@@ -671,6 +673,21 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             DecodePath::Scheduled
         } else {
             DecodePath::Split
+        }
+    }
+
+    /// KV heads each CTA covers for a page table of `num_indices` slots: more than one only on
+    /// the lean path, for very short requests ([`LeanLaunch::stack_shift`], capped by
+    /// [`PlanPreference::max_stacked_kv_heads`]); like [`Self::path`], it reads only the
+    /// table's shape.
+    pub fn stacked_kv_heads(&self, num_indices: usize) -> u32 {
+        match (self.path(num_indices), self.config.lean) {
+            (DecodePath::Lean, Some(lean)) => {
+                let tokens = self.config.attended_tokens(&self.desc, num_indices);
+                let max_heads = self.pref.max_stacked_kv_heads.unwrap_or(params::STACKED_MAX_HEADS);
+                1 << lean.stack_shift(&self.desc, tokens, max_heads)
+            }
+            _ => 1,
         }
     }
 

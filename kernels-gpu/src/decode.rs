@@ -26,6 +26,11 @@
 //!   of the requests into at most `num_chunks` chunks from the page table
 //!   ([`crate::partition`]). Every K/V byte of the chunk is read from HBM once and shared by all
 //!   query heads of the block.
+//! - Stacked KV heads (lean tilings, very short requests): a CTA may cover `1 << stack_shift`
+//!   consecutive KV heads of its request, their query heads packed into one 16-row query tile.
+//!   Its pipeline runs token-major over the heads and masks each tile's scores to the rows of the
+//!   tile's head, so one CTA carries several (request, KV head) pairs through one pipeline and
+//!   pays its start-up and epilogue once.
 //! - K/V tiles of 16 KB each (8192 / D tokens; 8 KB of 8-bit codes) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
 //!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
@@ -141,13 +146,19 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 ///
 /// The numbers of the tiling are read where they are used, as in the code this replaced: the
 /// shipped PTX is sensitive to the form of these expressions.
+///
+/// With stacked KV heads ([`DecodeParams::stack_shift`]) the pipeline's tiles run token-major
+/// over the CTA's `1 << head_shift` KV heads: pipeline tile `n` is token tile `n >> head_shift`
+/// of KV head `n % (1 << head_shift)`, whose rows share the token tile's page ids.
 struct KvPipeline<const D: u32, V: Tiling> {
     tile_tokens: u32,
     tid: u32,
-    /// The chunk's tokens `[begin, end)` and its tiles.
+    /// The chunk's tokens `[begin, end)` and its pipeline tiles (token tiles × stacked heads).
     begin: u32,
     end: u32,
     tiles: u32,
+    /// log2 of the KV heads stacked in the CTA (0 unless the tiling stacks heads).
+    head_shift: u32,
     /// This thread's 16-byte column of the rows it copies, and the first of those rows.
     column: u32,
     first_row: u32,
@@ -169,7 +180,8 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
         let columns = D * V::T.kv_bytes / 16;
         let tile_bytes = tile_tokens * D * V::T.kv_bytes;
-        let tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens);
+        let head_shift = if V::T.stacks_heads { p.stack_shift } else { 0 };
+        let tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens) << head_shift;
         let column = tid % columns;
         let first_row = tid / columns;
         let ring = stages_smem + stages * 2 * tile_bytes;
@@ -184,6 +196,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
             begin,
             end,
             tiles,
+            head_shift,
             column,
             first_row,
             stages_smem,
@@ -195,16 +208,34 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         }
     }
 
+    /// Token tile of pipeline tile `tile`.
+    #[inline(always)]
+    fn token_tile(&self, tile: u32) -> u32 {
+        tile >> self.head_shift
+    }
+
+    /// Stacked KV head (`0..1 << head_shift`) of pipeline tile `tile`.
+    #[inline(always)]
+    fn stacked_head(&self, tile: u32) -> u32 {
+        tile & ((1 << self.head_shift) - 1)
+    }
+
+    /// First token of pipeline tile `tile`.
+    #[inline(always)]
+    fn tile_begin(&self, tile: u32) -> u32 {
+        self.begin + self.token_tile(tile) * self.tile_tokens
+    }
+
     /// Token of the chunk's request in this thread's row of tile `tile`.
     #[inline(always)]
     fn row_token(&self, tile: u32) -> u32 {
-        self.begin + tile * self.tile_tokens + self.tid
+        self.tile_begin(tile) + self.tid
     }
 
     /// Whether this thread's row of tile `tile` lies inside the chunk.
     #[inline(always)]
     fn row_valid(&self, tile: u32) -> bool {
-        self.tid < V::tile_rows(self.begin, self.end, tile)
+        self.tid < V::tile_rows(self.begin, self.end, self.token_tile(tile))
     }
 
     /// Shared addresses of the K and V tiles of tile `tile`'s stage.
@@ -232,7 +263,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let rows_per_thread = tile_tokens * columns / DECODE_THREADS;
         let row_step = DECODE_THREADS / columns;
         let (k_dst, v_dst) = self.stage(tile);
-        let valid_rows = V::tile_rows(self.begin, self.end, tile);
+        let valid_rows = V::tile_rows(self.begin, self.end, self.token_tile(tile));
         let parked = self.ring + (tile % stages) * tile_tokens * 4;
         for i in 0..rows_per_thread {
             let r = self.first_row + i * row_step;
@@ -263,7 +294,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         if self.column % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
             for s in 0..stages - 1 {
                 let parked = self.ring + (s % stages) * tile_tokens * 4;
-                let valid_rows = V::tile_rows(self.begin, self.end, s);
+                let valid_rows = V::tile_rows(self.begin, self.end, self.token_tile(s));
                 for i in 0..rows_per_thread {
                     let r = self.first_row + i * row_step;
                     if r < valid_rows {
@@ -333,9 +364,12 @@ pub unsafe fn decode_mma<
     let (item, head_block, _) = cta_coords::<SPLIT>(p);
     let group = p.num_qo_heads / p.num_kv_heads;
     let head_blocks = group.div_ceil(heads_per_cta);
-    let kv_head = head_block / head_blocks;
+    // Stacked KV heads (one head block each): the CTA's first KV head, and its query heads are
+    // those of all its KV heads, consecutive in `q` and `o`.
+    let stack_shift = if V::T.stacks_heads { p.stack_shift } else { 0 };
+    let kv_head = (head_block / head_blocks) << stack_shift;
     let first_group_head = (head_block % head_blocks) * heads_per_cta;
-    let heads = (group - first_group_head).min(heads_per_cta);
+    let heads = (group - first_group_head).min(heads_per_cta) << stack_shift;
     let q_tiles = heads.div_ceil(16);
     // Warp roles: query tile `q_tile`, output columns `d_part` of `d_parts`, 16-token block phase
     // `phase` of `phases`.
@@ -369,7 +403,8 @@ pub unsafe fn decode_mma<
     let park_row = |tile: u32, page: i32| {
         if tid < tile_tokens {
             let row = if kv.row_valid(tile) {
-                page_row(p, page, kv_head, page_slot(p, &chunk, kv.row_token(tile)).1)
+                let head = kv_head + kv.stacked_head(tile);
+                page_row(p, page, head, page_slot(p, &chunk, kv.row_token(tile)).1)
             } else {
                 0
             };
@@ -441,6 +476,14 @@ pub unsafe fn decode_mma<
     let mut o = [[0f32; 4]; DN];
     let active = d_part < d_parts;
     let col0 = d_part * DN as u32 * 8; // first output column of this warp
+    // Stacked KV heads: the stacked head of each of the lane's rows (rows past `heads` match
+    // none); a tile's scores count only for the rows of its head.
+    let mut row_head = [0u32; 2];
+    if V::T.stacks_heads {
+        for r in 0..2 {
+            row_head[r] = (q_tile * 16 + frag_row + 8 * r as u32) / group;
+        }
+    }
 
     // Main loop: per tile, advance the pipeline (resolve the rows of tile `tile + stages - 1`,
     // wait for tile `tile`, issue the copies of tile `tile + stages - 1`, look up the pages of the
@@ -459,7 +502,8 @@ pub unsafe fn decode_mma<
         pending_page = load_page(next + 1);
 
         let (k_tile, v_tile) = kv.stage(tile);
-        let t0 = chunk.begin + tile * tile_tokens;
+        let t0 = kv.tile_begin(tile);
+        let tile_head = kv.stacked_head(tile);
         let mut block = phase;
         // Attention step per 16-token block: S = Q·Kᵀ, masking and online softmax, O += P·V.
         while active && block < tile_tokens / 16 && t0 + block * 16 < chunk.end {
@@ -506,21 +550,29 @@ pub unsafe fn decode_mma<
                             s[nt][i] = f32::NEG_INFINITY;
                         }
                     }
+                    if V::T.stacks_heads && row_head[i / 2] != tile_head {
+                        s[nt][i] = f32::NEG_INFINITY;
+                    }
                     row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
                 }
             }
             let mut scale = [0f32; 2];
+            let mut m_exp = [0f32; 2]; // the max the weights are taken against
             for r in 0..2 {
                 row_max[r] = fmax(row_max[r], shfl_xor(row_max[r], 1));
                 row_max[r] = fmax(row_max[r], shfl_xor(row_max[r], 2));
                 let m_new = fmax(m[r], row_max[r]);
-                scale[r] = exp2(m[r] - m_new);
+                // Stacked KV heads: a row whose head has not come yet has seen only masked
+                // scores; it keeps l = 0 and O = 0 (weights exp2(-inf - 0) = 0).
+                let unseen = V::T.stacks_heads && m_new == f32::NEG_INFINITY;
+                scale[r] = if unseen { 1.0 } else { exp2(m[r] - m_new) };
+                m_exp[r] = if unseen { 0.0 } else { m_new };
                 m[r] = m_new;
                 l[r] *= scale[r];
             }
             for nt in 0..2 {
                 for i in 0..4 {
-                    s[nt][i] = exp2(s[nt][i] - m[i / 2]);
+                    s[nt][i] = exp2(s[nt][i] - m_exp[i / 2]);
                     l[i / 2] += s[nt][i];
                 }
             }

@@ -22,7 +22,8 @@
 //! - `decode_*`: reads `q`, the K/V store, `indptr[..=batch]`, `last_page_len[..batch]` and
 //!   `indices[..num_indices]`; writes the `o` and `lse` rows of its (request, head block).
 //!   In bounds because the request, KV head and head block come from the grid (`< batch`,
-//!   `< num_kv_heads`, query heads `< num_qo_heads`), `indptr` values are clamped into
+//!   `< num_kv_heads`, query heads `< num_qo_heads`; with stacked KV heads the grid's y is
+//!   `num_kv_heads >> stack_shift`, which the host makes exact), `indptr` values are clamped into
 //!   `[0, num_indices]`, page slots into the request's pages, page ids into
 //!   `[0, num_total_pages)` and in-page positions below `page_size`. The split variants also
 //!   write the partial `(O, lse)` rows of their item (`< num_chunks`, the workspace's extent)

@@ -82,6 +82,11 @@ pub struct DecodeParams {
     pub soft_cap_log2: f32,
     /// Attention sinks, `[num_qo_heads]` f32 (natural-log domain, as the scaled logits); 0: none.
     pub sinks: u64,
+    /// Tilings that stack KV heads ([`MmaTiling::stacks_heads`]): each CTA covers
+    /// `1 << stack_shift` consecutive KV heads of its request (grid y `num_kv_heads >>
+    /// stack_shift`, which it divides), their `group << stack_shift ≤ 16` query heads in one
+    /// query tile. 0: one KV head per CTA. The other tilings ignore it.
+    pub stack_shift: u32,
 }
 
 /// `DecodeParams::window_left` without a window.
@@ -170,6 +175,10 @@ pub struct MmaTiling {
     /// Bytes per K/V element in shared memory: 2, or 1 for an 8-bit cache (whose tiles are
     /// dequantized in registers, and whose query rows also keep a logit factor each).
     pub kv_bytes: u32,
+    /// Whether a CTA may cover several KV heads of its request ([`DecodeParams::stack_shift`]):
+    /// its tiles then run token-major over them, so that one CTA carries the bytes of several
+    /// short (request, KV head) pairs through one pipeline.
+    pub stacks_heads: bool,
 }
 
 /// The standard tiling: 16 KB of K and 16 KB of V per stage whatever the head_dim, three stages,
@@ -183,6 +192,7 @@ pub const fn standard_tiling(head_dim: u32) -> MmaTiling {
         heads_per_cta: if head_dim > 128 { 32 } else { 64 },
         q_in_regs: head_dim <= 128,
         kv_bytes: 2,
+        stacks_heads: false,
     }
 }
 
@@ -197,7 +207,8 @@ pub const fn fp8_tiling(head_dim: u32) -> MmaTiling {
 /// tiles, warps splitting D for head_dim 128 and the query fragments re-read from shared
 /// memory, so that a CTA fits in 128 registers per thread and 52–56 KB of shared memory: four
 /// CTAs per SM on sm_90 (three for groups above 16 heads), whose start-up and epilogue overlap
-/// each other's copies (short requests).
+/// each other's copies (short requests). Very short requests stack several KV heads per CTA
+/// ([`DecodeParams::stack_shift`]).
 pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
     MmaTiling {
         tile_tokens: 4096 / head_dim,
@@ -206,8 +217,12 @@ pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
         heads_per_cta: 32,
         q_in_regs: false,
         kv_bytes: 2,
+        stacks_heads: true,
     }
 }
+
+/// Most query heads a CTA of stacked KV heads covers: one 16-row query tile.
+pub const STACKED_MAX_HEADS: u32 = 16;
 
 /// The lean tiling over an 8-bit cache (head_dim 64 and 128): the 16-bit lean tiling's tokens
 /// per tile (4 KB of K and of V per stage), so that a CTA needs about 33 KB of shared memory and,
