@@ -177,7 +177,7 @@ impl LeanLaunch {
         let fits = |shift: u32| {
             let heads = 1u32 << shift;
             heads <= max_heads
-                && kv_heads % heads == 0
+                && kv_heads.is_multiple_of(heads)
                 && group.saturating_mul(heads) <= params::STACKED_MAX_HEADS
                 && avg_tokens.saturating_mul(heads as u64) <= STACK_MAX_TOKENS as u64
                 && batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
