@@ -392,14 +392,16 @@ fn decode_stacked_kv_heads() {
     // (name, lengths, query heads, KV heads, head_dim, page size): groups 1, 2, 4 and 8, ragged
     // lengths with empty and 1-token requests, page sizes 1, 5 and 16.
     let ragged = |batch: usize, max: usize, step: usize| (0..batch).map(|i| (i * step) % (max + 1)).collect();
+    // The smallest first: `PAGED_DECODE_STACKED_CASES` runs only the first few (the sanitizers).
     let cases: Vec<(&str, ProblemSpec)> = vec![
+        ("group 4, d 64, L = 16", with_lens(vec![16; 1100], 16, 4, 64, 16)),
         ("group 4, d 128, L ≤ 40", with_lens(ragged(2048, 40, 7), 32, 8, 128, 16)),
         ("group 1, d 64, page 1", with_lens(ragged(1200, 20, 3), 16, 16, 64, 1)),
         ("group 2, d 128, page 5", with_lens(ragged(1500, 60, 11), 16, 8, 128, 5)),
         ("group 8, d 64", with_lens(ragged(1600, 30, 13), 64, 8, 64, 16)),
-        ("group 4, d 64, L = 16", with_lens(vec![16; 1100], 16, 4, 64, 16)),
     ];
-    for (i, (name, spec)) in cases.into_iter().enumerate() {
+    let count: usize = problem::env_number("PAGED_DECODE_STACKED_CASES", cases.len());
+    for (i, (name, spec)) in cases.into_iter().take(count).enumerate() {
         let spec = ProblemSpec { seed: 7000 + i as u64, sm_scale: 0.09, ..spec };
         stacked_case::<f16, f16>(&dev, name, &spec);
         stacked_case::<bf16, bf16>(&dev, name, &spec);
