@@ -166,6 +166,11 @@ impl LeanLaunch {
     /// - the batch still launches at least two lean waves of CTAs.
     ///
     /// 0 (one KV head per CTA) otherwise. Total on any descriptor.
+    ///
+    /// The lean kernel never splits a request, so in a stacked batch a long request among very
+    /// short ones takes `k` times its own time in one CTA (its KV heads in turn): the bound on
+    /// the average keeps such batches rare, and the scheduled path is the one for ragged batches
+    /// whose average is longer.
     pub fn stack_shift(&self, desc: &BatchPagedDecodeDescriptor, tokens: u64, max_heads: u32) -> u32 {
         let kv_heads = desc.paged_kv.num_kv_heads.max(0) as u32;
         let batch = desc.batch_size.max(0) as u64;
