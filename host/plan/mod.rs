@@ -16,7 +16,8 @@ mod table_check;
 
 pub use append::{PagedKvAppendArgs, PagedKvAppendArgsLayout, PagedKvAppendPairedArgs, PagedKvAppendPlan};
 pub use config::{
-    DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, LeanLaunch, MAX_SPLITS, SUPPORTED_HEAD_DIMS,
+    DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, LeanLaunch, MAX_SPLITS, STACK_MAX_TOKENS,
+    SUPPORTED_HEAD_DIMS,
 };
 pub use decode::{BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan};
 
