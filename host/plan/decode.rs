@@ -677,7 +677,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     }
 
     /// KV heads each CTA covers for a page table of `num_indices` slots: more than one only on
-    /// the lean path, for very short requests ([`LeanLaunch::stack_shift`], capped by
+    /// the lean path, for very short requests ([`LeanLaunch::stack_shift`](super::LeanLaunch::stack_shift), capped by
     /// [`PlanPreference::max_stacked_kv_heads`]); like [`Self::path`], it reads only the
     /// table's shape.
     pub fn stacked_kv_heads(&self, num_indices: usize) -> u32 {
