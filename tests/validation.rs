@@ -936,3 +936,13 @@ fn lean_stacks_kv_heads_by_rule() {
     assert_eq!(stack(8192, 32, 8, 128, 32, 1), 1);
     assert_eq!(stack(8192, 32, 8, 128, 32, 0), 1);
 }
+
+/// The variant suite's stacked edge case (batch 1200 of ≤ 22 tokens, 16/4 heads) stacks all four
+/// KV heads.
+#[test]
+fn variant_edge_case_stacks() {
+    let desc = decode_desc(ElementKind::F16, 1200, 16, 4, 128);
+    let lean = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap().lean.unwrap();
+    let tokens: u64 = (0..1200u64).map(|i| ((i * 7) % 23).div_ceil(16) * 16).sum();
+    assert_eq!(1u32 << lean.stack_shift(&desc, tokens, u32::MAX), 4);
+}
