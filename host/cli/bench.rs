@@ -293,9 +293,12 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
         num_splits: plan.config().num_splits,
         num_chunks: plan.config().num_chunks(plan.descriptor()),
         launched_chunks: plan.config().launched_chunks(plan.descriptor(), host.indices.len()),
-        path: match plan.stacked_kv_heads(host.indices.len()) {
-            1 => plan.path(host.indices.len()).name().into(),
-            heads => format!("{}-x{heads}", plan.path(host.indices.len()).name()),
+        path: {
+            let (path, n) = (plan.path(host.indices.len()).name(), host.indices.len());
+            match plan.stacked_kv_heads(n) {
+                1 => path.into(),
+                heads => format!("{path}-x{heads}"),
+            }
         },
         max_rel_err,
     })

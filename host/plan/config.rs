@@ -35,6 +35,13 @@ pub const STACK_MAX_TOKENS: u32 = LEAN_MAX_AVG_TOKENS;
 const STACK_MIN_WAVES: u64 = 2;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
+/// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
+const SMEM_RESERVED_PER_CTA: u32 = 1024;
+
+/// CTAs of `smem_bytes` dynamic shared memory each that one SM's shared memory holds.
+fn ctas_per_sm_by_smem(props: &DeviceProps, smem_bytes: u32) -> u32 {
+    props.smem_per_sm / (smem_bytes + SMEM_RESERVED_PER_CTA)
+}
 
 /// Which decode kernel a plan launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +154,7 @@ impl LeanLaunch {
         let head_blocks = group.div_ceil(tiling.heads_per_cta);
         let grid_y = kv.num_kv_heads.max(0) as u64 * head_blocks as u64;
         let by_registers = REGISTERS_PER_SM / (params::LEAN_MAX_REGISTERS * params::DECODE_THREADS);
-        let per_sm = (props.smem_per_sm / (smem_bytes + 1024)).clamp(1, by_registers);
+        let per_sm = ctas_per_sm_by_smem(props, smem_bytes).clamp(1, by_registers);
         let wave_ctas = props.sm_count.max(1).saturating_mul(per_sm);
         (smem_bytes <= props.smem_per_block_optin && grid_y <= MAX_GRID_Y as u64).then_some(Self {
             head_blocks,
@@ -246,7 +253,7 @@ impl DecodeConfig {
                         props.smem_per_block_optin
                     )));
                 }
-                let per_sm = (props.smem_per_sm / (smem + 1024)).min(resident_per_sm).clamp(1, 16);
+                let per_sm = ctas_per_sm_by_smem(props, smem).min(resident_per_sm).clamp(1, 16);
                 (DecodeKernel::Mma, head_blocks, q_tiles, smem, per_sm)
             }
         };

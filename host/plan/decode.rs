@@ -542,7 +542,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         };
         let num_indices = args.indices.shape[0].max(0) as u32;
         let path = self.path(num_indices as usize);
-        let stack_shift = self.stacked_kv_heads(num_indices as usize).trailing_zeros();
+        let stack_shift = self.stack_shift(path, num_indices as usize);
         let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
         let layout = self.config.workspace_layout(&self.desc);
         if split {
@@ -681,13 +681,18 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// [`PlanPreference::max_stacked_kv_heads`]); like [`Self::path`], it reads only the
     /// table's shape.
     pub fn stacked_kv_heads(&self, num_indices: usize) -> u32 {
-        match (self.path(num_indices), self.config.lean) {
+        1 << self.stack_shift(self.path(num_indices), num_indices)
+    }
+
+    /// log2 of [`Self::stacked_kv_heads`] on `path`, the path `run` takes for `num_indices`.
+    fn stack_shift(&self, path: DecodePath, num_indices: usize) -> u32 {
+        match (path, self.config.lean) {
             (DecodePath::Lean, Some(lean)) => {
                 let tokens = self.config.attended_tokens(&self.desc, num_indices);
-                let max_heads = self.pref.max_stacked_kv_heads.unwrap_or(params::STACKED_MAX_HEADS);
-                1 << lean.stack_shift(&self.desc, tokens, max_heads)
+                let max_heads = self.pref.max_stacked_kv_heads.unwrap_or(u32::MAX);
+                lean.stack_shift(&self.desc, tokens, max_heads)
             }
-            _ => 1,
+            _ => 0,
         }
     }
 
