@@ -133,6 +133,11 @@ pub struct LeanLaunch {
     /// CTAs resident at once on the device (SMs × CTAs per SM by shared memory and the entries'
     /// register cap): one lean wave.
     pub wave_ctas: u32,
+    /// K/V tokens per pipeline tile.
+    pub tile_tokens: u32,
+    /// Tiles a CTA has in flight from its start (its pipeline stages but one): a CTA whose
+    /// tiles all fit waits for K/V only once.
+    pub prologue_tiles: u32,
 }
 
 impl LeanLaunch {
@@ -160,6 +165,8 @@ impl LeanLaunch {
             head_blocks,
             smem_bytes,
             wave_ctas,
+            tile_tokens: tiling.tile_tokens,
+            prologue_tiles: tiling.stages - 1,
         })
     }
 
@@ -170,7 +177,9 @@ impl LeanLaunch {
     /// - a CTA carries at most [`STACK_MAX_TOKENS`] tokens at the batch's average length, so
     ///   only very short requests stack (and a long request of a ragged batch only when the
     ///   average is that short);
-    /// - the batch still launches at least two lean waves of CTAs.
+    /// - the batch still launches at least two lean waves of CTAs, or the CTA's tiles (at the
+    ///   average length) all fit its pipeline's first issue ([`Self::prologue_tiles`]): such a
+    ///   CTA waits for K/V once, as an unstacked one does, so stacking only saves CTAs.
     ///
     /// 0 (one KV head per CTA) otherwise. Total on any descriptor.
     ///
@@ -186,13 +195,15 @@ impl LeanLaunch {
         }
         let group = (desc.num_qo_heads.max(0) as u32 / kv_heads).max(1);
         let avg_tokens = tokens.div_ceil(batch).max(1);
+        let tiles_per_head = avg_tokens.div_ceil(self.tile_tokens.max(1) as u64);
         let fits = |shift: u32| {
             let heads = 1u32 << shift;
             heads <= max_heads
                 && kv_heads.is_multiple_of(heads)
                 && group.saturating_mul(heads) <= params::STACKED_MAX_HEADS
                 && avg_tokens.saturating_mul(heads as u64) <= STACK_MAX_TOKENS as u64
-                && batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
+                && (batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
+                    || tiles_per_head * heads as u64 <= self.prologue_tiles as u64)
         };
         (1..=params::STACKED_MAX_HEADS.trailing_zeros()).rev().find(|&s| fits(s)).unwrap_or(0)
     }
