@@ -147,18 +147,24 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
 /// The numbers of the tiling are read where they are used, as in the code this replaced: the
 /// shipped PTX is sensitive to the form of these expressions.
 ///
-/// With stacked KV heads ([`DecodeParams::stack_shift`]) the pipeline's tiles run token-major
-/// over the CTA's `1 << head_shift` KV heads: pipeline tile `n` is token tile `n >> head_shift`
-/// of KV head `n % (1 << head_shift)`, whose rows share the token tile's page ids.
+/// With stacked KV heads ([`DecodeParams::stack_shift`], `1 << head_shift` of them) a tile
+/// holds *segments* of `seg = max(16, tile_tokens >> head_shift)` tokens of `tile_tokens / seg`
+/// consecutive heads, which share the segment's page ids, and the tiles run token-major:
+/// pipeline tile `n` is token segment `n >> group_shift` of head group `n % (1 << group_shift)`.
+/// So a request of 16 tokens fills its tiles with the blocks of several heads instead of
+/// leaving them half empty: fewer tiles, and every warp of the CTA busy on each.
 struct KvPipeline<const D: u32, V: Tiling> {
     tile_tokens: u32,
     tid: u32,
-    /// The chunk's tokens `[begin, end)` and its pipeline tiles (token tiles × stacked heads).
+    /// The chunk's tokens `[begin, end)` and its pipeline tiles (token segments × head groups).
     begin: u32,
     end: u32,
     tiles: u32,
-    /// log2 of the KV heads stacked in the CTA (0 unless the tiling stacks heads).
+    /// log2 of the KV heads stacked in the CTA, of the tokens of a segment, and of the head
+    /// groups per token segment (`log2(tile_tokens)`, 0, 0 unless the tiling stacks heads).
     head_shift: u32,
+    seg_shift: u32,
+    group_shift: u32,
     /// This thread's 16-byte column of the rows it copies, and the first of those rows.
     column: u32,
     first_row: u32,
@@ -181,7 +187,14 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let columns = D * V::T.kv_bytes / 16;
         let tile_bytes = tile_tokens * D * V::T.kv_bytes;
         let head_shift = if V::T.stacks_heads { p.stack_shift } else { 0 };
-        let tiles = (chunk.end - chunk.begin).div_ceil(tile_tokens) << head_shift;
+        let tile_shift = tile_tokens.trailing_zeros();
+        let seg_shift = tile_shift.saturating_sub(head_shift).max(4);
+        let group_shift = head_shift - (tile_shift - seg_shift);
+        let tiles = if V::T.stacks_heads {
+            (chunk.end - chunk.begin).div_ceil(1 << seg_shift) << group_shift
+        } else {
+            (chunk.end - chunk.begin).div_ceil(tile_tokens)
+        };
         let column = tid % columns;
         let first_row = tid / columns;
         let ring = stages_smem + stages * 2 * tile_bytes;
@@ -197,6 +210,8 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
             end,
             tiles,
             head_shift,
+            seg_shift,
+            group_shift,
             column,
             first_row,
             stages_smem,
@@ -208,34 +223,36 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         }
     }
 
-    /// Token tile of pipeline tile `tile`.
+    /// Token of the chunk's request in row `row` of tile `tile`.
     #[inline(always)]
-    fn token_tile(&self, tile: u32) -> u32 {
-        tile >> self.head_shift
+    fn row_token(&self, tile: u32, row: u32) -> u32 {
+        if V::T.stacks_heads {
+            let segment = tile >> self.group_shift;
+            self.begin + (segment << self.seg_shift) + (row & ((1 << self.seg_shift) - 1))
+        } else {
+            self.begin + tile * self.tile_tokens + row
+        }
     }
 
-    /// Stacked KV head (`0..1 << head_shift`) of pipeline tile `tile`.
+    /// Stacked KV head (`0..1 << head_shift`) of row `row` of tile `tile`.
     #[inline(always)]
-    fn stacked_head(&self, tile: u32) -> u32 {
-        tile & ((1 << self.head_shift) - 1)
+    fn row_head(&self, tile: u32, row: u32) -> u32 {
+        if V::T.stacks_heads {
+            let heads_per_tile_shift = self.head_shift - self.group_shift;
+            ((tile & ((1 << self.group_shift) - 1)) << heads_per_tile_shift) + (row >> self.seg_shift)
+        } else {
+            0
+        }
     }
 
-    /// First token of pipeline tile `tile`.
+    /// Whether row `row` of tile `tile` holds a token of the chunk.
     #[inline(always)]
-    fn tile_begin(&self, tile: u32) -> u32 {
-        self.begin + self.token_tile(tile) * self.tile_tokens
-    }
-
-    /// Token of the chunk's request in this thread's row of tile `tile`.
-    #[inline(always)]
-    fn row_token(&self, tile: u32) -> u32 {
-        self.tile_begin(tile) + self.tid
-    }
-
-    /// Whether this thread's row of tile `tile` lies inside the chunk.
-    #[inline(always)]
-    fn row_valid(&self, tile: u32) -> bool {
-        self.tid < V::tile_rows(self.begin, self.end, self.token_tile(tile))
+    fn row_valid(&self, tile: u32, row: u32) -> bool {
+        if V::T.stacks_heads {
+            self.row_token(tile, row) < self.end
+        } else {
+            row < V::tile_rows(self.begin, self.end, tile)
+        }
     }
 
     /// Shared addresses of the K and V tiles of tile `tile`'s stage.
@@ -263,7 +280,6 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let rows_per_thread = tile_tokens * columns / DECODE_THREADS;
         let row_step = DECODE_THREADS / columns;
         let (k_dst, v_dst) = self.stage(tile);
-        let valid_rows = V::tile_rows(self.begin, self.end, self.token_tile(tile));
         let parked = self.ring + (tile % stages) * tile_tokens * 4;
         for i in 0..rows_per_thread {
             let r = self.first_row + i * row_step;
@@ -273,7 +289,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
             } else {
                 swizzle::<D>(r, self.column)
             };
-            let n = if r < valid_rows { 16 } else { 0 };
+            let n = if self.row_valid(tile, r) { 16 } else { 0 };
             unsafe {
                 cp_async_16(k_dst + dst, k, n, self.policy);
                 cp_async_16(v_dst + dst, v, n, self.policy);
@@ -294,10 +310,9 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         if self.column % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
             for s in 0..stages - 1 {
                 let parked = self.ring + (s % stages) * tile_tokens * 4;
-                let valid_rows = V::tile_rows(self.begin, self.end, self.token_tile(s));
                 for i in 0..rows_per_thread {
                     let r = self.first_row + i * row_step;
-                    if r < valid_rows {
+                    if self.row_valid(s, r) {
                         let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
                         unsafe {
                             prefetch_l2(k);
@@ -392,8 +407,8 @@ pub unsafe fn decode_mma<
     let n_tiles = kv.tiles;
     // Page id of this thread's row of tile `tile`.
     let load_page = |tile: u32| -> i32 {
-        if kv.row_valid(tile) {
-            let (idx, _) = page_slot(p, &chunk, kv.row_token(tile));
+        if kv.row_valid(tile, tid) {
+            let (idx, _) = page_slot(p, &chunk, kv.row_token(tile, tid));
             unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
         } else {
             0
@@ -402,9 +417,9 @@ pub unsafe fn decode_mma<
     // Resolves `page` into the store row of this thread's row of tile `tile`, parked in the ring.
     let park_row = |tile: u32, page: i32| {
         if tid < tile_tokens {
-            let row = if kv.row_valid(tile) {
-                let head = kv_head + kv.stacked_head(tile);
-                page_row(p, page, head, page_slot(p, &chunk, kv.row_token(tile)).1)
+            let row = if kv.row_valid(tile, tid) {
+                let head = kv_head + kv.row_head(tile, tid);
+                page_row(p, page, head, page_slot(p, &chunk, kv.row_token(tile, tid)).1)
             } else {
                 0
             };
@@ -502,12 +517,21 @@ pub unsafe fn decode_mma<
         pending_page = load_page(next + 1);
 
         let (k_tile, v_tile) = kv.stage(tile);
-        let t0 = kv.tile_begin(tile);
-        let tile_head = kv.stacked_head(tile);
         let mut block = phase;
-        // Attention step per 16-token block: S = Q·Kᵀ, masking and online softmax, O += P·V.
-        while active && block < tile_tokens / 16 && t0 + block * 16 < chunk.end {
+        // Attention step per 16-token block: S = Q·Kᵀ, masking and online softmax, O += P·V. A
+        // tile of stacked heads may hold a block past the chunk before one inside it.
+        while active
+            && block < tile_tokens / 16
+            && (V::T.stacks_heads || kv.row_token(tile, block * 16) < chunk.end)
+        {
             let row0 = block * 16;
+            // The block's first token, and its KV head among the stacked ones.
+            let block_begin = kv.row_token(tile, row0);
+            let block_head = kv.row_head(tile, row0);
+            if V::T.stacks_heads && block_begin >= chunk.end {
+                block += phases;
+                continue;
+            }
             // S = Q · Kᵀ for 16 tokens (two n-tiles of 8), even and odd k-steps in separate
             // accumulators: two dependent MMA chains of QK / 2 instead of one of QK.
             let mut s = [[0f32; 4]; 2];
@@ -535,7 +559,7 @@ pub unsafe fn decode_mma<
             }
             // Scale, mask tokens past the chunk, online softmax (rows frag_row and frag_row + 8).
             let mut row_max = [f32::NEG_INFINITY; 2];
-            let partial = t0 + row0 + 16 > chunk.end;
+            let partial = block_begin + 16 > chunk.end;
             for nt in 0..2 {
                 for i in 0..4 {
                     s[nt][i] = if C::FP8 { s[nt][i] * row_scale[i / 2] } else { L::logit(p, s[nt][i]) };
@@ -545,12 +569,12 @@ pub unsafe fn decode_mma<
                         } else {
                             nt as u32 * 8 + 2 * frag_col + (i as u32 & 1)
                         };
-                        let t = t0 + row0 + column;
+                        let t = block_begin + column;
                         if t >= chunk.end {
                             s[nt][i] = f32::NEG_INFINITY;
                         }
                     }
-                    if V::T.stacks_heads && row_head[i / 2] != tile_head {
+                    if V::T.stacks_heads && row_head[i / 2] != block_head {
                         s[nt][i] = f32::NEG_INFINITY;
                     }
                     row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
