@@ -393,7 +393,9 @@ fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, name: 
         one_block += 1;
     }
     assert!(one_block > 0, "{what}: no request of at most 16 tokens");
-    println!("{what}: rel err {err:.2e}; {one_block} requests of ≤ 16 tokens bit-identical to one KV head per CTA");
+    println!(
+        "{what}: rel err {err:.2e}; {one_block} requests of ≤ 16 tokens bit-identical to one KV head per CTA"
+    );
 }
 
 #[test]

@@ -195,7 +195,6 @@ impl LeanLaunch {
         }
         let group = (desc.num_qo_heads.max(0) as u32 / kv_heads).max(1);
         let avg_tokens = tokens.div_ceil(batch).max(1);
-        let tiles_per_head = avg_tokens.div_ceil(self.tile_tokens.max(1) as u64);
         let fits = |shift: u32| {
             let heads = 1u32 << shift;
             heads <= max_heads
@@ -203,9 +202,18 @@ impl LeanLaunch {
                 && group.saturating_mul(heads) <= params::STACKED_MAX_HEADS
                 && avg_tokens.saturating_mul(heads as u64) <= STACK_MAX_TOKENS as u64
                 && (batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
-                    || tiles_per_head * heads as u64 <= self.prologue_tiles as u64)
+                    || self.stacked_tiles(avg_tokens, heads) <= self.prologue_tiles as u64)
         };
         (1..=params::STACKED_MAX_HEADS.trailing_zeros()).rev().find(|&s| fits(s)).unwrap_or(0)
+    }
+
+    /// Pipeline tiles of a CTA stacking `heads` KV heads (a power of two) of a request of
+    /// `tokens` tokens: its tiles hold segments of `max(16, tile_tokens / heads)` tokens of
+    /// `tile_tokens / segment` heads each (the kernel's `KvPipeline`).
+    pub fn stacked_tiles(&self, tokens: u64, heads: u32) -> u64 {
+        let tile_tokens = self.tile_tokens.max(16);
+        let segment = (tile_tokens / heads.max(1)).max(16);
+        tokens.div_ceil(segment as u64) * heads as u64 * segment as u64 / tile_tokens as u64
     }
 }
 
