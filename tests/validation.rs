@@ -921,14 +921,15 @@ fn lean_stacks_kv_heads_by_rule() {
     assert_eq!(stack(512, 32, 8, 128, 128, all), 2);
     assert_eq!(stack(4096, 32, 8, 128, 256, all), 1);
     assert_eq!(stack(2048, 32, 8, 128, 208, all), 1);
-    // Batches that would fill fewer than two lean waves once stacked stack less or not at all,
-    // unless a stacked CTA's tiles (16-token segments of two heads each) all fit its first
-    // issue of two tiles.
-    assert_eq!(stack(256, 32, 8, 128, 64, all), 1);
-    assert_eq!(stack(300, 32, 8, 128, 40, all), 2);
-    assert_eq!(stack(300, 32, 8, 128, 16, all), 4);
-    assert_eq!(stack(64, 32, 8, 128, 16, all), 4);
-    assert_eq!(stack(64, 32, 8, 128, 17, all), 2);
+    // Stacked CTAs must still fill a lean wave (132 SMs × 4), unless each one's tiles (16-token
+    // segments of two heads) all fit its first issue of two tiles and the batch takes fewer
+    // waves than unstacked.
+    assert_eq!(stack(256, 32, 8, 128, 64, all), 2);
+    assert_eq!(stack(128, 32, 8, 128, 64, all), 1);
+    assert_eq!(stack(300, 32, 8, 128, 40, all), 4);
+    assert_eq!(stack(256, 32, 8, 128, 16, all), 4);
+    assert_eq!(stack(64, 32, 8, 128, 16, all), 1);
+    assert_eq!(stack(100, 32, 8, 128, 16, all), 4);
     // Groups: 1 → 16 heads, 2 → 8, 8 → 2, 16 and more → 1; the count divides the KV heads.
     assert_eq!(stack(1200, 16, 16, 64, 10, all), 16);
     assert_eq!(stack(1500, 16, 8, 128, 30, all), 8);

@@ -160,14 +160,24 @@ fn parse(text: &str, arch: &str) -> Vec<KernelReport> {
         let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
         words.windows(2).find(|w| w[1].starts_with(unit)).and_then(|w| w[0].parse().ok()).unwrap_or(0)
     };
+    // The function whose properties the next stack-frame line gives: ptxas also lists the
+    // subroutines an entry calls (their own frames) right after the entry.
+    let mut properties_of = String::new();
     for line in text.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let entry = rest.split('\'').next().unwrap_or_default().to_string();
             reports.push(KernelReport { entry, arch: arch.to_string(), ..Default::default() });
             continue;
         }
+        if let Some(name) = line.split("Function properties for ").nth(1) {
+            properties_of = name.trim().to_string();
+            continue;
+        }
         let Some(r) = reports.last_mut() else { continue };
         if line.contains("bytes stack frame") {
+            if properties_of != r.entry {
+                continue;
+            }
             let nums: Vec<u32> = line.split(',').map(|part| number_before(part, "bytes")).collect();
             r.stack_frame_bytes = nums.first().copied().unwrap_or(0);
             r.spill_store_bytes = nums.get(1).copied().unwrap_or(0);
@@ -195,6 +205,9 @@ mod tests {
             ptxas info    : Function properties for k1\n\
             \x20   16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
             ptxas info    : Used 96 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n\
+            ptxas info    : Compile time = 220.608 ms\n\
+            ptxas info    : Function properties for _RNvNtCs_4core9panicking9panic_fmt\n\
+            \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
             ptxas info    : Compiling entry function 'k2' for 'sm_90'\n\
             ptxas info    : Function properties for k2\n\
             \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\

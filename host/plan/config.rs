@@ -31,8 +31,9 @@ pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
 /// Tokens a lean CTA that stacks KV heads may carry at the batch's average length (KV heads ×
 /// tokens per request): as many as one lean CTA of the longest average the lean rule allows.
 pub const STACK_MAX_TOKENS: u32 = LEAN_MAX_AVG_TOKENS;
-/// Waves of lean CTAs a batch must still fill once its KV heads are stacked.
-const STACK_MIN_WAVES: u64 = 2;
+/// Waves of lean CTAs a batch must still fill once its KV heads are stacked (unless stacking
+/// costs its CTAs no wait, see [`LeanLaunch::stack_shift`]).
+const STACK_MIN_WAVES: u64 = 1;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
 /// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
@@ -177,9 +178,10 @@ impl LeanLaunch {
     /// - a CTA carries at most [`STACK_MAX_TOKENS`] tokens at the batch's average length, so
     ///   only very short requests stack (and a long request of a ragged batch only when the
     ///   average is that short);
-    /// - the batch still launches at least two lean waves of CTAs, or the CTA's tiles (at the
-    ///   average length) all fit its pipeline's first issue ([`Self::prologue_tiles`]): such a
-    ///   CTA waits for K/V once, as an unstacked one does, so stacking only saves CTAs.
+    /// - the batch still launches at least a lean wave of CTAs; or the CTA's tiles (at the
+    ///   average length) all fit its pipeline's first issue ([`Self::prologue_tiles`]), so that
+    ///   it waits for K/V once, as an unstacked one does, and the batch takes fewer waves of
+    ///   CTAs than unstacked.
     ///
     /// 0 (one KV head per CTA) otherwise. Total on any descriptor.
     ///
@@ -195,6 +197,7 @@ impl LeanLaunch {
         }
         let group = (desc.num_qo_heads.max(0) as u32 / kv_heads).max(1);
         let avg_tokens = tokens.div_ceil(batch).max(1);
+        let waves = |shift: u32| (batch * (kv_heads >> shift) as u64).div_ceil(self.wave_ctas.max(1) as u64);
         let fits = |shift: u32| {
             let heads = 1u32 << shift;
             heads <= max_heads
@@ -202,7 +205,8 @@ impl LeanLaunch {
                 && group.saturating_mul(heads) <= params::STACKED_MAX_HEADS
                 && avg_tokens.saturating_mul(heads as u64) <= STACK_MAX_TOKENS as u64
                 && (batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
-                    || self.stacked_tiles(avg_tokens, heads) <= self.prologue_tiles as u64)
+                    || (self.stacked_tiles(avg_tokens, heads) <= self.prologue_tiles as u64
+                        && waves(shift) < waves(0)))
         };
         (1..=params::STACKED_MAX_HEADS.trailing_zeros()).rev().find(|&s| fits(s)).unwrap_or(0)
     }

@@ -28,9 +28,10 @@
 //!   query heads of the block.
 //! - Stacked KV heads (lean tilings, very short requests): a CTA may cover `1 << stack_shift`
 //!   consecutive KV heads of its request, their query heads packed into one 16-row query tile.
-//!   Its pipeline runs token-major over the heads and masks each tile's scores to the rows of the
-//!   tile's head, so one CTA carries several (request, KV head) pairs through one pipeline and
-//!   pays its start-up and epilogue once.
+//!   Its tiles hold 16-token segments of several heads (as many as a tile has room for, see
+//!   `KvPipeline`) and run token-major; each 16-token block's scores are masked to the rows of
+//!   the block's head. So one CTA carries several (request, KV head) pairs through one pipeline
+//!   and pays its start-up and epilogue once, and a 16-token request fills its tiles.
 //! - K/V tiles of 16 KB each (8192 / D tokens; 8 KB of 8-bit codes) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
 //!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
@@ -130,6 +131,24 @@ fn swizzle<const D: u32>(r: u32, c: u32) -> u32 {
     r * D * 2 + ((c ^ (r & 7)) << 4)
 }
 
+/// [`swizzle`] of column `8·high + 2·low + bit` (`low < 4`, `bit < 2`) in row `r`: the XOR
+/// changes only the column's low three bits, so every `high` shares the row's four offsets
+/// `(2·low ^ bit ^ (r & 7)) << 4`. The lean entries, capped at 128 registers, keep those four
+/// live across the loop instead of one per column.
+#[inline(always)]
+fn swizzle_split<const D: u32>(r: u32, high: u32, low: u32, bit: u32) -> u32 {
+    r * D * 2 + high * 128 + (((2 * low) ^ bit ^ (r & 7)) << 4)
+}
+
+/// Where a pipeline tile's rows come from: its first token (of the chunk's request), its first
+/// stacked KV head, and the valid tokens of its segment (0 for a tile past the chunk). Row `r`
+/// is token `first + r % seg` of head `head + r / seg` ([`KvPipeline`]).
+struct Segment {
+    first: u32,
+    head: u32,
+    rows: u32,
+}
+
 /// The K/V copy pipeline of one chunk, as seen by one thread.
 ///
 /// The chunk's tokens stream global → shared in tiles of `tile_tokens` rows through a ring of
@@ -160,9 +179,9 @@ struct KvPipeline<const D: u32, V: Tiling> {
     begin: u32,
     end: u32,
     tiles: u32,
-    /// log2 of the KV heads stacked in the CTA, of the tokens of a segment, and of the head
-    /// groups per token segment (`log2(tile_tokens)`, 0, 0 unless the tiling stacks heads).
-    head_shift: u32,
+    /// log2 of the tokens of a segment and of the head groups per token segment
+    /// (`log2(tile_tokens)` and 0 unless the tiling stacks heads); a tile holds
+    /// `tile_tokens >> seg_shift` heads.
     seg_shift: u32,
     group_shift: u32,
     /// This thread's 16-byte column of the rows it copies, and the first of those rows.
@@ -209,7 +228,6 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
             begin,
             end,
             tiles,
-            head_shift,
             seg_shift,
             group_shift,
             column,
@@ -223,36 +241,43 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         }
     }
 
-    /// Token of the chunk's request in row `row` of tile `tile`.
+    /// The token segment and first stacked head of tile `tile`.
     #[inline(always)]
-    fn row_token(&self, tile: u32, row: u32) -> u32 {
+    fn segment(&self, tile: u32) -> Segment {
         if V::T.stacks_heads {
-            let segment = tile >> self.group_shift;
-            self.begin + (segment << self.seg_shift) + (row & ((1 << self.seg_shift) - 1))
+            let first = self.begin + ((tile >> self.group_shift) << self.seg_shift);
+            let heads_per_tile_shift = V::T.tile_tokens.trailing_zeros() - self.seg_shift;
+            let head = (tile & ((1 << self.group_shift) - 1)) << heads_per_tile_shift;
+            let rows = self.end.saturating_sub(first).min(1 << self.seg_shift);
+            Segment { first, head, rows }
         } else {
-            self.begin + tile * self.tile_tokens + row
+            let rows = V::tile_rows(self.begin, self.end, tile);
+            Segment { first: self.begin + tile * self.tile_tokens, head: 0, rows }
         }
     }
 
-    /// Stacked KV head (`0..1 << head_shift`) of row `row` of tile `tile`.
+    /// Position of row `row` of a tile in its head's segment.
     #[inline(always)]
-    fn row_head(&self, tile: u32, row: u32) -> u32 {
-        if V::T.stacks_heads {
-            let heads_per_tile_shift = self.head_shift - self.group_shift;
-            ((tile & ((1 << self.group_shift) - 1)) << heads_per_tile_shift) + (row >> self.seg_shift)
-        } else {
-            0
-        }
+    fn segment_row(&self, row: u32) -> u32 {
+        if V::T.stacks_heads { row & ((1 << self.seg_shift) - 1) } else { row }
     }
 
-    /// Whether row `row` of tile `tile` holds a token of the chunk.
+    /// Whether row `row` of the tile of `seg` holds a token of the chunk.
     #[inline(always)]
-    fn row_valid(&self, tile: u32, row: u32) -> bool {
-        if V::T.stacks_heads {
-            self.row_token(tile, row) < self.end
-        } else {
-            row < V::tile_rows(self.begin, self.end, tile)
-        }
+    fn row_valid(&self, seg: &Segment, row: u32) -> bool {
+        self.segment_row(row) < seg.rows
+    }
+
+    /// Token of the chunk's request in row `row` of the tile of `seg`.
+    #[inline(always)]
+    fn row_token(&self, seg: &Segment, row: u32) -> u32 {
+        seg.first + self.segment_row(row)
+    }
+
+    /// Stacked KV head (`0..1 << head_shift`) of row `row` of the tile of `seg`.
+    #[inline(always)]
+    fn row_head(&self, seg: &Segment, row: u32) -> u32 {
+        if V::T.stacks_heads { seg.head + (row >> self.seg_shift) } else { 0 }
     }
 
     /// Shared addresses of the K and V tiles of tile `tile`'s stage.
@@ -280,6 +305,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let rows_per_thread = tile_tokens * columns / DECODE_THREADS;
         let row_step = DECODE_THREADS / columns;
         let (k_dst, v_dst) = self.stage(tile);
+        let seg = self.segment(tile);
         let parked = self.ring + (tile % stages) * tile_tokens * 4;
         for i in 0..rows_per_thread {
             let r = self.first_row + i * row_step;
@@ -289,7 +315,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
             } else {
                 swizzle::<D>(r, self.column)
             };
-            let n = if self.row_valid(tile, r) { 16 } else { 0 };
+            let n = if self.row_valid(&seg, r) { 16 } else { 0 };
             unsafe {
                 cp_async_16(k_dst + dst, k, n, self.policy);
                 cp_async_16(v_dst + dst, v, n, self.policy);
@@ -310,9 +336,10 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         if self.column % 8 == 0 && linear_cta < p.prefetch_ctas as u64 {
             for s in 0..stages - 1 {
                 let parked = self.ring + (s % stages) * tile_tokens * 4;
+                let seg = self.segment(s);
                 for i in 0..rows_per_thread {
                     let r = self.first_row + i * row_step;
-                    if self.row_valid(s, r) {
+                    if self.row_valid(&seg, r) {
                         let (k, v) = self.kv_addr(unsafe { ld_shared_u32(parked + r * 4) });
                         unsafe {
                             prefetch_l2(k);
@@ -407,8 +434,9 @@ pub unsafe fn decode_mma<
     let n_tiles = kv.tiles;
     // Page id of this thread's row of tile `tile`.
     let load_page = |tile: u32| -> i32 {
-        if kv.row_valid(tile, tid) {
-            let (idx, _) = page_slot(p, &chunk, kv.row_token(tile, tid));
+        let seg = kv.segment(tile);
+        if kv.row_valid(&seg, tid) {
+            let (idx, _) = page_slot(p, &chunk, kv.row_token(&seg, tid));
             unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
         } else {
             0
@@ -417,9 +445,10 @@ pub unsafe fn decode_mma<
     // Resolves `page` into the store row of this thread's row of tile `tile`, parked in the ring.
     let park_row = |tile: u32, page: i32| {
         if tid < tile_tokens {
-            let row = if kv.row_valid(tile, tid) {
-                let head = kv_head + kv.row_head(tile, tid);
-                page_row(p, page, head, page_slot(p, &chunk, kv.row_token(tile, tid)).1)
+            let seg = kv.segment(tile);
+            let row = if kv.row_valid(&seg, tid) {
+                let head = kv_head + kv.row_head(&seg, tid);
+                page_row(p, page, head, page_slot(p, &chunk, kv.row_token(&seg, tid)).1)
             } else {
                 0
             };
@@ -469,7 +498,12 @@ pub unsafe fn decode_mma<
     let frag_col = lane % 4; // the lane's fragment column pair
     let q_fragment = |kk: u32| -> [u32; 4] {
         let r = q_tile * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        unsafe { ldmatrix_x4(q_smem + swizzle::<D>(r, 2 * kk + lane / 16)) }
+        let offset = if V::T.stacks_heads {
+            swizzle_split::<D>(r, kk / 4, kk % 4, lane / 16)
+        } else {
+            swizzle::<D>(r, 2 * kk + lane / 16)
+        };
+        unsafe { ldmatrix_x4(q_smem + offset) }
     };
     let mut q_regs = [[0u32; 4]; QK];
     if V::T.q_in_regs {
@@ -517,18 +551,19 @@ pub unsafe fn decode_mma<
         pending_page = load_page(next + 1);
 
         let (k_tile, v_tile) = kv.stage(tile);
+        let seg = kv.segment(tile);
         let mut block = phase;
         // Attention step per 16-token block: S = Q·Kᵀ, masking and online softmax, O += P·V. A
         // tile of stacked heads may hold a block past the chunk before one inside it.
         while active
             && block < tile_tokens / 16
-            && (V::T.stacks_heads || kv.row_token(tile, block * 16) < chunk.end)
+            && (V::T.stacks_heads || kv.row_token(&seg, block * 16) < chunk.end)
         {
             let row0 = block * 16;
             // The block's first token, and its KV head among the stacked ones.
-            let block_begin = kv.row_token(tile, row0);
-            let block_head = kv.row_head(tile, row0);
-            if V::T.stacks_heads && block_begin >= chunk.end {
+            let block_begin = kv.row_token(&seg, row0);
+            let block_head = kv.row_head(&seg, row0);
+            if V::T.stacks_heads && !kv.row_valid(&seg, row0) {
                 block += phases;
                 continue;
             }
@@ -545,8 +580,12 @@ pub unsafe fn decode_mma<
                 for kk in 0..QK {
                     let q_frag_k = if V::T.q_in_regs { q_regs[kk] } else { q_fragment(kk as u32) };
                     let k_row = row0 + (lane % 8) + 8 * (lane / 16);
-                    let k_frag =
-                        unsafe { ldmatrix_x4(k_tile + swizzle::<D>(k_row, 2 * kk as u32 + (lane / 8) % 2)) };
+                    let offset = if V::T.stacks_heads {
+                        swizzle_split::<D>(k_row, kk as u32 / 4, kk as u32 % 4, (lane / 8) % 2)
+                    } else {
+                        swizzle::<D>(k_row, 2 * kk as u32 + (lane / 8) % 2)
+                    };
+                    let k_frag = unsafe { ldmatrix_x4(k_tile + offset) };
                     let acc = if kk % 2 == 0 { &mut s } else { &mut s_odd };
                     C::Mma::mma(&mut acc[0], q_frag_k, k_frag[0], k_frag[1]);
                     C::Mma::mma(&mut acc[1], q_frag_k, k_frag[2], k_frag[3]);
@@ -619,8 +658,12 @@ pub unsafe fn decode_mma<
             } else {
                 for dn in 0..DN / 2 {
                     let v_row = row0 + (lane % 8) + 8 * ((lane / 8) % 2);
-                    let v_column = col0 / 8 + 2 * dn as u32 + lane / 16;
-                    let v_frag = unsafe { ldmatrix_x4_trans(v_tile + swizzle::<D>(v_row, v_column)) };
+                    let offset = if V::T.stacks_heads {
+                        swizzle_split::<D>(v_row, col0 / 64 + dn as u32 / 4, dn as u32 % 4, lane / 16)
+                    } else {
+                        swizzle::<D>(v_row, col0 / 8 + 2 * dn as u32 + lane / 16)
+                    };
+                    let v_frag = unsafe { ldmatrix_x4_trans(v_tile + offset) };
                     C::Mma::mma(&mut o[2 * dn], p_frag, v_frag[0], v_frag[1]);
                     C::Mma::mma(&mut o[2 * dn + 1], p_frag, v_frag[2], v_frag[3]);
                 }
@@ -633,6 +676,11 @@ pub unsafe fn decode_mma<
     let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
     sync_threads();
+    // The thread's coordinates again, rather than kept in registers across the main loop.
+    let tid = thread_idx_reread();
+    let (lane, warp) = (tid % 32, tid / 32);
+    let (frag_row, frag_col) = (lane / 4, lane % 4);
+    let q_tile = warp % q_tiles;
 
     // Per-warp partials → shared (reusing the pipeline buffers): O[16][DW] f32 of the warp's own
     // DW = D / d_parts columns, rows padded to `pitch` words so that a warp's 8-byte stores take

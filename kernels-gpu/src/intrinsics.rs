@@ -12,6 +12,15 @@ core::arch::global_asm!(".extern .shared .align 128 .b8 DYN_SMEM[];");
 pub fn thread_idx() -> u32 {
     unsafe { nvptx::_thread_idx_x() as u32 }
 }
+/// `threadIdx.x` read anew, never merged with an earlier read: for the values a kernel derives
+/// from it after a long loop, which cost fewer instructions to recompute there than registers
+/// (or spills) to keep across the loop.
+#[inline(always)]
+pub fn thread_idx_reread() -> u32 {
+    let t: u32;
+    unsafe { asm!("mov.u32 {t}, %tid.x;", t = out(reg32) t, options(nomem, nostack, preserves_flags)) };
+    t
+}
 #[inline(always)]
 pub fn block_idx() -> (u32, u32, u32) {
     unsafe { (nvptx::_block_idx_x() as u32, nvptx::_block_idx_y() as u32, nvptx::_block_idx_z() as u32) }
@@ -118,7 +127,8 @@ pub fn warp_sum(mut v: f32) -> f32 {
 /// Sum over all 32 lanes, saturating.
 #[inline(always)]
 pub fn warp_sum_u32(mut v: u32) -> u32 {
-    for m in [16, 8, 4, 2, 1] {
+    for step in 0..5 {
+        let m = 16 >> step;
         v = v.saturating_add(shfl_xor_u32(v, m));
     }
     v

@@ -165,7 +165,8 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         total += len as u64;
         longest = longest.max(len)
     });
-    for m in [16, 8, 4, 2, 1] {
+    for step in 0..5 {
+        let m = 16 >> step;
         let lo = shfl_xor_u32(total as u32, m) as u64;
         let hi = shfl_xor_u32((total >> 32) as u32, m) as u64;
         total += lo | (hi << 32);
@@ -196,7 +197,8 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let mut mine = 0u32;
     each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(attended(p, len), chunk_tokens));
     let mut inclusive = mine;
-    for d in [1, 2, 4, 8, 16] {
+    for step in 0..5 {
+        let d = 1 << step;
         let v = shfl_up_u32(inclusive, d);
         if lane >= d {
             inclusive += v;

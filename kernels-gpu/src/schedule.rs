@@ -45,7 +45,8 @@ fn my_requests(batch: u32) -> (u32, u32) {
 fn block_sum_u64(v: u64, slot: u32) -> u64 {
     let (lo, hi) = (v as u32, (v >> 32) as u32);
     let mut acc = lo as u64 | ((hi as u64) << 32);
-    for m in [16, 8, 4, 2, 1] {
+    for step in 0..5 {
+        let m = 16 >> step;
         let l = shfl_xor_u32(acc as u32, m) as u64;
         let h = shfl_xor_u32((acc >> 32) as u32, m) as u64;
         acc += l | (h << 32);
@@ -66,7 +67,8 @@ fn block_sum_u64(v: u64, slot: u32) -> u64 {
 #[inline(always)]
 fn block_max_u32(v: u32, slot: u32) -> u32 {
     let mut acc = v;
-    for m in [16, 8, 4, 2, 1] {
+    for step in 0..5 {
+        let m = 16 >> step;
         acc = acc.max(shfl_xor_u32(acc, m));
     }
     let base = smem_base() + slot * WARPS * 8;
@@ -86,7 +88,8 @@ fn block_max_u32(v: u32, slot: u32) -> u32 {
 fn block_exclusive_scan_u32(v: u32, slot: u32) -> u32 {
     let lane = thread_idx() % 32;
     let mut inclusive = v;
-    for d in [1, 2, 4, 8, 16] {
+    for step in 0..5 {
+        let d = 1 << step;
         let up = shfl_up_u32(inclusive, d);
         if lane >= d {
             inclusive += up;
