@@ -676,11 +676,15 @@ pub unsafe fn decode_mma<
     let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
     sync_threads();
-    // The thread's coordinates again, rather than kept in registers across the main loop.
-    let tid = thread_idx_reread();
-    let (lane, warp) = (tid % 32, tid / 32);
-    let (frag_row, frag_col) = (lane / 4, lane % 4);
-    let q_tile = warp % q_tiles;
+    // The lean entries (capped at 128 registers) derive the thread's coordinates again rather
+    // than keep them across the main loop.
+    let (tid, warp, frag_row, frag_col, q_tile) = if V::T.stacks_heads {
+        let tid = thread_idx_reread();
+        let (lane, warp) = (tid % 32, tid / 32);
+        (tid, warp, lane / 4, lane % 4, warp % q_tiles)
+    } else {
+        (tid, warp, frag_row, frag_col, q_tile)
+    };
 
     // Per-warp partials → shared (reusing the pipeline buffers): O[16][DW] f32 of the warp's own
     // DW = D / d_parts columns, rows padded to `pitch` words so that a warp's 8-byte stores take
