@@ -54,7 +54,8 @@ enum Command {
         #[arg(long, value_name = "OUT")]
         json: Option<PathBuf>,
         /// Compare this build with a report written by `--json` (the repository keeps
-        /// docs/inspect-baseline.json); fails only if this build spills or has a stack frame.
+        /// docs/inspect-baseline.json); fails only if an entry spills or has a stack frame
+        /// beyond the baseline's.
         #[arg(long, value_name = "BASELINE")]
         diff: Option<PathBuf>,
         /// Show ENTRY's PTX (its SASS with `--sass`) under the Rust lines it comes from; needs a
