@@ -382,12 +382,12 @@ fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, name: 
     let (o, lse) = run_scaled_poisoned(dev, &stacked, &host);
     let err = check(&what, &host.spec, &o, &lse, &r);
     let (o1, lse1) = run_scaled_poisoned(dev, &single, &host);
-    let heads = host.desc.num_qo_heads as usize;
-    let row = heads * host.desc.paged_kv.head_dim as usize;
+    let qo_heads = host.desc.num_qo_heads as usize;
+    let row = qo_heads * host.desc.paged_kv.head_dim as usize;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let mut one_block = 0;
     for (b, _) in spec.lens.iter().enumerate().filter(|&(_, &len)| len <= 16) {
-        let (o_b, lse_b) = (b * row..(b + 1) * row, b * heads..(b + 1) * heads);
+        let (o_b, lse_b) = (b * row..(b + 1) * row, b * qo_heads..(b + 1) * qo_heads);
         assert!(checksum(&o[o_b.clone()]) == checksum(&o1[o_b]), "{what}: request {b}'s o differs");
         assert!(bits(&lse[lse_b.clone()]) == bits(&lse1[lse_b]), "{what}: request {b}'s lse differs");
         one_block += 1;

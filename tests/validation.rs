@@ -902,8 +902,9 @@ fn kv_scales_are_checked() {
     }
 }
 
-/// The lean kernel stacks KV heads only for very short requests in batches that still fill two
-/// lean waves, in powers of two that divide the KV heads and fit one 16-row query tile.
+/// The lean kernel stacks KV heads only for very short requests in batches that still fill a
+/// lean wave (or take fewer waves, with tiles that fit the first issue), in powers of two that
+/// divide the KV heads and fit one 16-row query tile.
 #[test]
 fn lean_stacks_kv_heads_by_rule() {
     let stack = |b: i32, hq: i32, hkv: i32, d: i32, avg_tokens: u64, max_heads: u32| {

@@ -176,8 +176,8 @@ pub struct MmaTiling {
     /// dequantized in registers, and whose query rows also keep a logit factor each).
     pub kv_bytes: u32,
     /// Whether a CTA may cover several KV heads of its request ([`DecodeParams::stack_shift`]):
-    /// its tiles then run token-major over them, so that one CTA carries the bytes of several
-    /// short (request, KV head) pairs through one pipeline.
+    /// its tiles then hold 16-token segments of several of them and run token-major, so that
+    /// one CTA carries the bytes of several short (request, KV head) pairs through one pipeline.
     pub stacks_heads: bool,
 }
 
