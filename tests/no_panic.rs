@@ -558,7 +558,7 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
                     smem_bytes,
                     wave_ctas,
                     tile_tokens: min_chunk,
-                    prologue_tiles: q_tiles,
+                    sm_count: q_tiles,
                 }),
                 // Any window too.
                 window_left: (min_chunk % 3 == 0).then_some(preferred_chunk),

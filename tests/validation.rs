@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use paged_decode::device::{DeviceProps, driver_available};
-use paged_decode::plan::{DecodeConfig, MAX_SPLITS};
+use paged_decode::plan::{DecodeConfig, LEAN_MAX_AVG_TOKENS, MAX_SPLITS};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
     Device, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
@@ -922,15 +922,23 @@ fn lean_stacks_kv_heads_by_rule() {
     assert_eq!(stack(512, 32, 8, 128, 128, all), 2);
     assert_eq!(stack(4096, 32, 8, 128, 256, all), 1);
     assert_eq!(stack(2048, 32, 8, 128, 208, all), 1);
-    // Stacked CTAs must still fill a lean wave (132 SMs × 4), unless each one's tiles (16-token
-    // segments of two heads) all fit its first issue of two tiles and the batch takes fewer
-    // waves than unstacked.
-    assert_eq!(stack(256, 32, 8, 128, 64, all), 2);
-    assert_eq!(stack(128, 32, 8, 128, 64, all), 1);
+    // The cheapest by the time model: (1 + tiles per CTA) × max(CTAs, a lean wave of 132 × 4),
+    // the most heads among equals, never fewer CTAs than SMs.
+    // 256 × 64 tokens: four heads (512 CTAs of 8 tiles) beat two (1024 of 4).
+    assert_eq!(stack(256, 32, 8, 128, 64, all), 4);
+    // 128 × 64 tokens: two heads fill a wave with 512 CTAs; four would double their chains.
+    assert_eq!(stack(128, 32, 8, 128, 64, all), 2);
     assert_eq!(stack(300, 32, 8, 128, 40, all), 4);
     assert_eq!(stack(256, 32, 8, 128, 16, all), 4);
-    assert_eq!(stack(64, 32, 8, 128, 16, all), 1);
-    assert_eq!(stack(100, 32, 8, 128, 16, all), 4);
+    // 16 tokens: two heads share one tile (the chain of one head), four take two tiles.
+    assert_eq!(stack(64, 32, 8, 128, 16, all), 2);
+    assert_eq!(stack(100, 32, 8, 128, 16, all), 2);
+    // A full 32-token tile per head: stacking only lengthens the chains within one wave.
+    assert_eq!(stack(64, 32, 8, 128, 32, all), 1);
+    assert_eq!(stack(256, 32, 8, 128, 32, all), 4);
+    // Never fewer CTAs than SMs: 128 CTAs stay one head each.
+    assert_eq!(stack(16, 32, 8, 128, 16, all), 1);
+    assert_eq!(stack(16, 32, 32, 128, 16, all), 2);
     // Groups: 1 → 16 heads, 2 → 8, 8 → 2, 16 and more → 1; the count divides the KV heads.
     assert_eq!(stack(1200, 16, 16, 64, 10, all), 16);
     assert_eq!(stack(1500, 16, 8, 128, 30, all), 8);
@@ -942,6 +950,43 @@ fn lean_stacks_kv_heads_by_rule() {
     assert_eq!(stack(8192, 32, 8, 128, 32, 2), 2);
     assert_eq!(stack(8192, 32, 8, 128, 32, 1), 1);
     assert_eq!(stack(8192, 32, 8, 128, 32, 0), 1);
+}
+
+/// The kernel path by rule, from the page table's shape: lean below a wave only while the
+/// average request fits one lean tile, whole while no request is worth splitting.
+#[test]
+fn path_by_rule() {
+    let path = |b: i32, hq: i32, hkv: i32, d: i32, table_tokens: usize| {
+        let desc = decode_desc(ElementKind::F16, b, hq, hkv, d);
+        let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        cfg.path(&desc, table_tokens / 16, Some(LEAN_MAX_AVG_TOKENS)).name()
+    };
+    // Batches within a wave of the standard kernel: one lean tile (32 tokens at head_dim 128,
+    // 64 at 64) per request on average runs lean, whatever the longest could be.
+    assert_eq!(path(1, 32, 8, 128, 16), "lean");
+    assert_eq!(path(16, 32, 8, 128, 16 * 16), "lean");
+    assert_eq!(path(16, 32, 8, 128, 16 * 32), "lean");
+    assert_eq!(path(32, 32, 8, 128, 32 * 16), "lean");
+    assert_eq!(path(16, 32, 8, 64, 16 * 64), "lean");
+    // Longer: unsplit while the whole table fits two standard tiles (128 tokens at head_dim
+    // 128), split beyond.
+    assert_eq!(path(1, 32, 8, 128, 64), "whole");
+    assert_eq!(path(1, 32, 8, 128, 128), "whole");
+    assert_eq!(path(1, 32, 8, 128, 256), "split");
+    assert_eq!(path(16, 32, 8, 128, 16 * 48), "split");
+    assert_eq!(path(1, 32, 8, 64, 256), "whole");
+    assert_eq!(path(1, 32, 8, 64, 512), "split");
+    // Without the lean kernel, or with the lean kernel turned off, short batches run whole.
+    let desc = decode_desc(ElementKind::F16, 4, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    assert_eq!(cfg.path(&desc, 4, None).name(), "whole");
+    // f32 has no lean kernel and keeps the chunk rule.
+    let desc = decode_desc(ElementKind::F32, 1, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    assert_eq!(cfg.unsplit_max_tokens(&desc), 0);
+    // Past a wave: lean up to 256 tokens per request, whatever the tile.
+    assert_eq!(path(1024, 32, 8, 128, 1024 * 256), "lean");
+    assert_eq!(path(1024, 32, 8, 128, 1024 * 272), "scheduled");
 }
 
 /// The variant suite's stacked edge case (batch 1200 of ≤ 22 tokens, 16/4 heads) stacks all four

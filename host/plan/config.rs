@@ -31,9 +31,15 @@ pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
 /// Tokens a lean CTA that stacks KV heads may carry at the batch's average length (KV heads ×
 /// tokens per request): as many as one lean CTA of the longest average the lean rule allows.
 pub const STACK_MAX_TOKENS: u32 = LEAN_MAX_AVG_TOKENS;
-/// Waves of lean CTAs a batch must still fill once its KV heads are stacked (unless stacking
-/// costs its CTAs no wait, see [`LeanLaunch::stack_shift`]).
-const STACK_MIN_WAVES: u64 = 1;
+/// A lean CTA's fixed cost (page lookups, Q staging, epilogue) in pipeline steps of its chain.
+/// On one SM a CTA's time grows by about one step per tile, whether or not the tile was already
+/// in flight (batch-1 rows: 2.6 µs for one tile, +0.8 µs per further tile), and the fixed part
+/// is about one step more (runs 89–90, [`LeanLaunch::stack_shift`]).
+const LEAN_CTA_FIXED_TILES: u64 = 1;
+/// Tiles of the standard kernel's pipeline up to which a request is never worth splitting: a
+/// split's partition and merge cost more than the one tile it would take off the chain (batch 1
+/// at 128 tokens: 3.6 µs whole, 4.7 split, run 89).
+const UNSPLIT_MAX_TILES: u64 = 2;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
 /// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
@@ -136,9 +142,8 @@ pub struct LeanLaunch {
     pub wave_ctas: u32,
     /// K/V tokens per pipeline tile.
     pub tile_tokens: u32,
-    /// Tiles a CTA has in flight from its start (its pipeline stages but one): a CTA whose
-    /// tiles all fit waits for K/V only once.
-    pub prologue_tiles: u32,
+    /// SMs of the device: stacking never leaves one without a CTA.
+    pub sm_count: u32,
 }
 
 impl LeanLaunch {
@@ -167,23 +172,21 @@ impl LeanLaunch {
             smem_bytes,
             wave_ctas,
             tile_tokens: tiling.tile_tokens,
-            prologue_tiles: tiling.stages - 1,
+            sm_count: props.sm_count,
         })
     }
 
     /// log2 of the KV heads each lean CTA covers (`DecodeParams::stack_shift`) when the page
-    /// table holds `tokens` attended tokens: the most, up to `max_heads`, such that
-    /// - they are a power of two dividing `num_kv_heads`, and their query heads fit one 16-row
-    ///   query tile (`params::STACKED_MAX_HEADS`);
-    /// - a CTA carries at most [`STACK_MAX_TOKENS`] tokens at the batch's average length, so
-    ///   only very short requests stack (and a long request of a ragged batch only when the
+    /// table holds `tokens` attended tokens. The candidates `k`, up to `max_heads`:
+    /// - a power of two dividing `num_kv_heads`, whose query heads fit one 16-row query tile
+    ///   (`params::STACKED_MAX_HEADS`);
+    /// - carrying at most [`STACK_MAX_TOKENS`] tokens per CTA at the batch's average length, so
+    ///   that only very short requests stack (and a long request of a ragged batch only when the
     ///   average is that short);
-    /// - the batch still launches at least a lean wave of CTAs; or the CTA's tiles (at the
-    ///   average length) all fit its pipeline's first issue ([`Self::prologue_tiles`]), so that
-    ///   it waits for K/V once, as an unstacked one does, and the batch takes fewer waves of
-    ///   CTAs than unstacked.
+    /// - leaving no SM without a CTA (one KV head per CTA always qualifies).
     ///
-    /// 0 (one KV head per CTA) otherwise. Total on any descriptor.
+    /// Of those, the cheapest by [`Self::stacking_cost`], the most heads among equals. 0 (one KV
+    /// head per CTA) when nothing stacks. Total on any descriptor.
     ///
     /// The lean kernel never splits a request, so in a stacked batch a long request among very
     /// short ones takes `k` times its own time in one CTA (its KV heads in turn): the bound on
@@ -197,18 +200,37 @@ impl LeanLaunch {
         }
         let group = (desc.num_qo_heads.max(0) as u32 / kv_heads).max(1);
         let avg_tokens = tokens.div_ceil(batch).max(1);
-        let waves = |shift: u32| (batch * (kv_heads >> shift) as u64).div_ceil(self.wave_ctas.max(1) as u64);
-        let fits = |shift: u32| {
+        let ctas = |shift: u32| batch * (kv_heads >> shift) as u64;
+        let allowed = |shift: u32| {
             let heads = 1u32 << shift;
             heads <= max_heads
                 && kv_heads.is_multiple_of(heads)
                 && group.saturating_mul(heads) <= params::STACKED_MAX_HEADS
                 && avg_tokens.saturating_mul(heads as u64) <= STACK_MAX_TOKENS as u64
-                && (batch * (kv_heads >> shift) as u64 >= STACK_MIN_WAVES * self.wave_ctas as u64
-                    || (self.stacked_tiles(avg_tokens, heads) <= self.prologue_tiles as u64
-                        && waves(shift) < waves(0)))
+                && ctas(shift) >= self.sm_count as u64
         };
-        (1..=params::STACKED_MAX_HEADS.trailing_zeros()).rev().find(|&s| fits(s)).unwrap_or(0)
+        let cost = |shift: u32| self.stacking_cost(ctas(shift), avg_tokens, 1 << shift);
+        let mut best = 0;
+        for shift in 1..=params::STACKED_MAX_HEADS.trailing_zeros() {
+            if allowed(shift) && cost(shift) <= cost(best) {
+                best = shift;
+            }
+        }
+        best
+    }
+
+    /// The time model the stacking rule minimises, in units of one pipeline step of one CTA's
+    /// chain times `wave_ctas`: `ctas` CTAs of `heads` KV heads of requests of `tokens` tokens
+    /// each run the chain of their fixed cost and their tiles ([`LEAN_CTA_FIXED_TILES`],
+    /// [`Self::stacked_tiles`]), once per wave of CTAs, and no faster than one wave takes.
+    /// Stacking shortens the launch by fewer waves and lengthens each CTA's chain once its tiles
+    /// were already full. Measured in run 90 on 38 batches of 64–16384 requests of 16–128
+    /// tokens (groups 1 and 4, head_dim 64 and 128, every allowed `k`): the rule picks the
+    /// fastest `k` on 35 and one within 2.1 % of it on the other three (on two of them the token
+    /// bound rules out the fastest).
+    pub fn stacking_cost(&self, ctas: u64, tokens: u64, heads: u32) -> u128 {
+        let chain = LEAN_CTA_FIXED_TILES + self.stacked_tiles(tokens, heads);
+        chain as u128 * ctas.max(self.wave_ctas as u64) as u128
     }
 
     /// Pipeline tiles of a CTA stacking `heads` KV heads (a power of two) of a request of
@@ -461,6 +483,58 @@ impl DecodeConfig {
             Some(w) => capacity.min((desc.batch_size.max(0) as u64).saturating_mul(w as u64 + 1)),
             None => capacity,
         }
+    }
+
+    /// The kernel `run` launches for a page table of `num_indices` slots, when the lean kernel
+    /// takes up to `lean_max_avg_tokens` tokens per request (`None`: not loaded):
+    /// - lean, when the table holds at most `lean_max_avg_tokens` tokens per request and either
+    ///   the batch's lean CTAs fill more than one wave of the standard kernel's, or the table
+    ///   holds at most one lean tile of tokens per request (within a wave, the lean CTA's
+    ///   shorter chain wins only then: its tiles are half the standard kernel's);
+    /// - whole, when the configuration does not split, the table is too short for any request
+    ///   to take two chunks, or it holds so few tokens that no request is worth splitting
+    ///   ([`Self::unsplit_max_tokens`]): the same work without the partition, the workspace or
+    ///   the merge;
+    /// - scheduled or split otherwise ([`Self::is_scheduled`]).
+    pub fn path(
+        &self,
+        desc: &BatchPagedDecodeDescriptor,
+        num_indices: usize,
+        lean_max_avg_tokens: Option<u32>,
+    ) -> DecodePath {
+        let batch = desc.batch_size.max(0) as u64;
+        let tokens = self.attended_tokens(desc, num_indices);
+        if let (Some(lean), Some(bound)) = (self.lean, lean_max_avg_tokens) {
+            let ctas = batch * desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64;
+            let fills = ctas > self.wave_ctas as u64 || tokens <= lean.tile_tokens as u64 * batch;
+            if tokens <= bound as u64 * batch && fills {
+                return DecodePath::Lean;
+            }
+        }
+        if !self.is_split()
+            || self.launched_chunks(desc, num_indices) as u64 <= batch
+            || tokens <= self.unsplit_max_tokens(desc)
+        {
+            DecodePath::Whole
+        } else if self.is_scheduled(desc) {
+            DecodePath::Scheduled
+        } else {
+            DecodePath::Split
+        }
+    }
+
+    /// Most attended tokens a page table may hold for `run` to skip the split kernels even when
+    /// the configuration splits: a request of that many tokens fills at most
+    /// [`UNSPLIT_MAX_TILES`] tiles of the standard tensor-core kernel, and a split's partition and
+    /// merge would cost it more than they save. 0 for the f32 kernel.
+    pub fn unsplit_max_tokens(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
+        let d = desc.paged_kv.head_dim.max(0) as u32;
+        let tiling = match (self.kernel, desc.paged_kv.element.fp8_layout()) {
+            (DecodeKernel::Simt, _) => return 0,
+            (DecodeKernel::Mma, Some(_)) => params::fp8_tiling(d),
+            (DecodeKernel::Mma, None) => params::standard_tiling(d),
+        };
+        tiling.tile_tokens as u64 * UNSPLIT_MAX_TILES
     }
 
     /// Whether requests may be split (the split kernel, a workspace and a merge).

@@ -648,32 +648,13 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         unsafe { device::launch(stream, decode_fn, cfg, &p, self.programmatic) }
     }
 
-    /// The kernel `run` launches for a page table of `num_indices` slots (it reads only that
-    /// shape, never the lengths, so the choice holds across graph replays):
-    /// - lean, when the lean kernel is loaded, the table holds at most
-    ///   [`PlanPreference::lean_max_avg_tokens`] tokens per request, and the batch's lean CTAs
-    ///   fill more than one wave of the standard kernel's;
-    /// - whole, when the configuration does not split or the table is too short for any request
-    ///   to take two chunks (the same work without the partition, the workspace or the merge);
-    /// - scheduled or split otherwise ([`DecodeConfig::is_scheduled`]).
+    /// The kernel `run` launches for a page table of `num_indices` slots
+    /// ([`DecodeConfig::path`], with the lean kernel when it is loaded): it reads only that
+    /// shape, never the lengths, so the choice holds across graph replays.
     pub fn path(&self, num_indices: usize) -> DecodePath {
-        let desc = &self.desc;
-        let batch = desc.batch_size.max(0) as u64;
-        let tokens = self.config.attended_tokens(desc, num_indices);
-        if let (Some(lean), Some(_)) = (self.config.lean, &self.lean_fn) {
-            let bound = self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS) as u64;
-            let ctas = batch * desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64;
-            if tokens <= bound * batch && ctas > self.config.wave_ctas as u64 {
-                return DecodePath::Lean;
-            }
-        }
-        if !self.config.is_split() || self.config.launched_chunks(desc, num_indices) as u64 <= batch {
-            DecodePath::Whole
-        } else if self.config.is_scheduled(desc) {
-            DecodePath::Scheduled
-        } else {
-            DecodePath::Split
-        }
+        let lean_bound =
+            self.lean_fn.as_ref().map(|_| self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS));
+        self.config.path(&self.desc, num_indices, lean_bound)
     }
 
     /// KV heads each CTA covers for a page table of `num_indices` slots: more than one only on
