@@ -579,6 +579,10 @@ fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_
             }
         }
     }
+    for lean_bound in [None, Some(0), Some(256), Some(u32::MAX)] {
+        let _ = cfg.path(desc, num_indices, lean_bound);
+    }
+    let _ = cfg.unsplit_max_tokens();
     let ws = cfg.workspace_size(desc);
     assert!(cfg.is_split() || ws == 0);
     for n in [0, 1, 7, u32::MAX] {

@@ -983,7 +983,7 @@ fn path_by_rule() {
     // f32 has no lean kernel and keeps the chunk rule.
     let desc = decode_desc(ElementKind::F32, 1, 32, 8, 128);
     let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-    assert_eq!(cfg.unsplit_max_tokens(&desc), 0);
+    assert_eq!(cfg.unsplit_max_tokens(), 0);
     // Past a wave: lean up to 256 tokens per request, whatever the tile.
     assert_eq!(path(1024, 32, 8, 128, 1024 * 256), "lean");
     assert_eq!(path(1024, 32, 8, 128, 1024 * 272), "scheduled");

@@ -505,15 +505,17 @@ impl DecodeConfig {
         let batch = desc.batch_size.max(0) as u64;
         let tokens = self.attended_tokens(desc, num_indices);
         if let (Some(lean), Some(bound)) = (self.lean, lean_max_avg_tokens) {
-            let ctas = batch * desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64;
-            let fills = ctas > self.wave_ctas as u64 || tokens <= lean.tile_tokens as u64 * batch;
-            if tokens <= bound as u64 * batch && fills {
+            let ctas =
+                batch.saturating_mul(desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64);
+            let fills =
+                ctas > self.wave_ctas as u64 || tokens <= (lean.tile_tokens as u64).saturating_mul(batch);
+            if tokens <= (bound as u64).saturating_mul(batch) && fills {
                 return DecodePath::Lean;
             }
         }
         if !self.is_split()
             || self.launched_chunks(desc, num_indices) as u64 <= batch
-            || tokens <= self.unsplit_max_tokens(desc)
+            || tokens <= self.unsplit_max_tokens()
         {
             DecodePath::Whole
         } else if self.is_scheduled(desc) {
@@ -525,16 +527,14 @@ impl DecodeConfig {
 
     /// Most attended tokens a page table may hold for `run` to skip the split kernels even when
     /// the configuration splits: a request of that many tokens fills at most
-    /// [`UNSPLIT_MAX_TILES`] tiles of the standard tensor-core kernel, and a split's partition and
-    /// merge would cost it more than they save. 0 for the f32 kernel.
-    pub fn unsplit_max_tokens(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
-        let d = desc.paged_kv.head_dim.max(0) as u32;
-        let tiling = match (self.kernel, desc.paged_kv.element.fp8_layout()) {
-            (DecodeKernel::Simt, _) => return 0,
-            (DecodeKernel::Mma, Some(_)) => params::fp8_tiling(d),
-            (DecodeKernel::Mma, None) => params::standard_tiling(d),
-        };
-        tiling.tile_tokens as u64 * UNSPLIT_MAX_TILES
+    /// [`UNSPLIT_MAX_TILES`] pipeline tiles of the tensor-core kernel (`min_chunk` tokens each,
+    /// 16-bit and 8-bit caches alike), and a split's partition and merge would cost it more
+    /// than they save. 0 for the f32 kernel.
+    pub fn unsplit_max_tokens(&self) -> u64 {
+        match self.kernel {
+            DecodeKernel::Mma => self.min_chunk as u64 * UNSPLIT_MAX_TILES,
+            DecodeKernel::Simt => 0,
+        }
     }
 
     /// Whether requests may be split (the split kernel, a workspace and a merge).
