@@ -35,11 +35,11 @@ pub const STACK_MAX_TOKENS: u32 = LEAN_MAX_AVG_TOKENS;
 /// On one SM a CTA's time grows by about one step per tile, whether or not the tile was already
 /// in flight (batch-1 rows: 2.6 µs for one tile, +0.8 µs per further tile), and the fixed part
 /// is about one step more (runs 89–90, [`LeanLaunch::stack_shift`]).
-const LEAN_CTA_FIXED_TILES: u64 = 1;
+pub const LEAN_CTA_FIXED_TILES: u64 = 1;
 /// Tiles of the standard kernel's pipeline up to which a request is never worth splitting: a
 /// split's partition and merge cost more than the one tile it would take off the chain (batch 1
 /// at 128 tokens: 3.6 µs whole, 4.7 split, run 89).
-const UNSPLIT_MAX_TILES: u64 = 2;
+pub const UNSPLIT_MAX_TILES: u64 = 2;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
 /// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
