@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use paged_decode::device::{DeviceProps, driver_available};
-use paged_decode::plan::{DecodeConfig, LEAN_MAX_AVG_TOKENS, MAX_SPLITS};
+use paged_decode::plan::{DecodeConfig, LEAN_MAX_AVG_TOKENS, MAX_SPLITS, STACK_MAX_TOKENS};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
     Device, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
@@ -902,9 +902,8 @@ fn kv_scales_are_checked() {
     }
 }
 
-/// The lean kernel stacks KV heads only for very short requests in batches that still fill a
-/// lean wave (or take fewer waves, with tiles that fit the first issue), in powers of two that
-/// divide the KV heads and fit one 16-row query tile.
+/// The lean kernel stacks KV heads only for very short requests, as many as its time model finds
+/// cheapest, in powers of two that divide the KV heads and fit one 16-row query tile.
 #[test]
 fn lean_stacks_kv_heads_by_rule() {
     let stack = |b: i32, hq: i32, hkv: i32, d: i32, avg_tokens: u64, max_heads: u32| {
@@ -950,6 +949,59 @@ fn lean_stacks_kv_heads_by_rule() {
     assert_eq!(stack(8192, 32, 8, 128, 32, 2), 2);
     assert_eq!(stack(8192, 32, 8, 128, 32, 1), 1);
     assert_eq!(stack(8192, 32, 8, 128, 32, 0), 1);
+}
+
+/// The stacking rule against run 90's measurements (`docs/results/stacking-run90-h200.txt`: the
+/// lean kernel's time with each KV-head count forced, on an H200): on every measured batch the
+/// count the rule picks runs within 1 % of the fastest count the rule allows. A rule change
+/// that stops tracking the measured optimum fails here.
+#[test]
+fn stacking_rule_tracks_run_90() {
+    let table = include_str!("../docs/results/stacking-run90-h200.txt");
+    let mut columns: Vec<u32> = Vec::new();
+    let mut rows = 0;
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() == Some(&"shape") {
+            // `def` (the rule of the version before), then `k1`, `k2`, ...
+            columns = fields[2..].iter().map(|k| k.trim_start_matches('k').parse().unwrap()).collect();
+            continue;
+        }
+        // k-b{batch}-L{len}[-{hq}/{hkv}-d{head_dim}]
+        let parts: Vec<&str> = fields[0].split('-').collect();
+        let b: i32 = parts[1][1..].parse().unwrap();
+        let len: u64 = parts[2][1..].parse().unwrap();
+        let (hq, hkv, d) = match parts.get(3) {
+            Some(heads) => {
+                let (hq, hkv) = heads.split_once('/').unwrap();
+                (hq.parse().unwrap(), hkv.parse().unwrap(), parts[4][1..].parse().unwrap())
+            }
+            None => (32, 8, 128),
+        };
+        let us: Vec<f64> = fields[2..].iter().map(|t| t.parse().unwrap()).collect();
+        let desc = decode_desc(ElementKind::F16, b, hq, hkv, d);
+        let lean = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap().lean.unwrap();
+        let tokens = len * b as u64;
+        let picked = 1u32 << lean.stack_shift(&desc, tokens, u32::MAX);
+        // The counts the rule may choose from: powers of two dividing the KV heads, one query
+        // tile of heads, at most 256 tokens per CTA (`STACK_MAX_TOKENS`) and no SM left idle.
+        let allowed = |k: u32| {
+            (hkv as u32).is_multiple_of(k)
+                && (hq / hkv) as u32 * k <= 16
+                && len * k as u64 <= STACK_MAX_TOKENS as u64
+                && (k == 1 || b as u64 * (hkv as u32 / k) as u64 >= H200.sm_count as u64)
+        };
+        let time = |k: u32| us[columns.iter().position(|&c| c == k).unwrap()];
+        let best = columns.iter().copied().filter(|&k| allowed(k)).map(time).fold(f64::INFINITY, f64::min);
+        assert!(
+            time(picked) <= 1.01 * best,
+            "{}: the rule picks {picked} KV heads ({} µs), the fastest allowed count takes {best} µs",
+            fields[0],
+            time(picked)
+        );
+        rows += 1;
+    }
+    assert_eq!(rows, 38);
 }
 
 /// The kernel path by rule, from the page table's shape: lean below a wave only while the
