@@ -50,8 +50,8 @@ const SPLIT_CODE_BUDGET: u32 = 56 * 1024;
 /// the sm_80 build of the lean head_dim-128 ones at their 128-register cap. (arch, entry, most
 /// stack-frame bytes, most spill bytes stored plus loaded.) Every other entry has neither.
 const KNOWN_SPILLS: [(&str, &str, u32, u32); 8] = [
-    ("sm_80", "decode_mma_lean_bf16_d128", 8, 8),
-    ("sm_80", "decode_mma_lean_f16_d128", 8, 8),
+    ("sm_80", "decode_mma_lean_bf16_d128", 16, 24),
+    ("sm_80", "decode_mma_lean_f16_d128", 16, 24),
     ("sm_80", "decode_mma_softcap_bf16_d256", 8, 8),
     ("sm_80", "decode_mma_softcap_f16_d256", 8, 8),
     ("sm_80", "decode_mma_softcap_split_bf16_d256", 8, 8),

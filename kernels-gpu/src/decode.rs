@@ -256,6 +256,26 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         }
     }
 
+    /// Whether all blocks of each stacked head go to one warp phase of `phases` (phase `ph`
+    /// takes blocks `ph, ph + phases, …` of every tile), so that no query row needs the phases
+    /// combined: there is one phase, or a segment is one 16-token block (a head then sits at the
+    /// same block of each of its tiles), or the chunk holds at most one block per head.
+    #[inline(always)]
+    fn rows_in_one_phase(&self, phases: u32) -> bool {
+        phases == 1 || self.seg_shift == 4 || self.end - self.begin <= 16
+    }
+
+    /// The warp phase that takes the blocks of stacked head `head` when
+    /// [`rows_in_one_phase`](Self::rows_in_one_phase): the head's segment sits at position
+    /// `head % heads_per_tile` of its tiles, and its first block at that position times the
+    /// blocks of a segment.
+    #[inline(always)]
+    fn owner_phase(&self, head: u32, phases: u32) -> u32 {
+        let heads_per_tile_shift = V::T.tile_tokens.trailing_zeros() - self.seg_shift;
+        let position = head & ((1 << heads_per_tile_shift) - 1);
+        (position << (self.seg_shift - 4)) % phases
+    }
+
     /// Position of row `row` of a tile in its head's segment.
     #[inline(always)]
     fn segment_row(&self, row: u32) -> u32 {
@@ -675,6 +695,26 @@ pub unsafe fn decode_mma<
     // (or the chunk's partial, then the split merge) written.
     let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
+    if V::T.stacks_heads && !SPLIT && kv.rows_in_one_phase(phases) {
+        // Each row's blocks went to one warp phase, whose warps write it from their fragments.
+        // The coordinates are derived again, as for the combine below.
+        let tid = thread_idx_reread();
+        let (lane, warp) = (tid % 32, tid / 32);
+        let (frag_row, frag_col) = (lane / 4, lane % 4);
+        let (q_tile, phase, d_part) = (warp % q_tiles, (warp / q_tiles) % phases, warp / q_tiles / phases);
+        let col0 = d_part * DN as u32 * 8;
+        let mut own_rows = [None; 2];
+        for r in 0..2 {
+            l[r] = quad_sum(l[r]);
+            let row = q_tile * 16 + frag_row + 8 * r as u32;
+            if d_part < d_parts && row < heads && kv.owner_phase(row_head[r], phases) == phase {
+                own_rows[r] = Some(row);
+            }
+        }
+        let rows = OwnRows { first_qo: request * p.num_qo_heads + first_qo_head, first_qo_head, rows: own_rows };
+        unsafe { rows.write::<C, D, DN>(p, col0, frag_col, m, l, &o) };
+        return;
+    }
     sync_threads();
     // The lean entries (capped at 128 registers) derive the thread's coordinates again rather
     // than keep them across the main loop.
@@ -690,8 +730,7 @@ pub unsafe fn decode_mma<
     // DW = D / d_parts columns, rows padded to `pitch` words so that a warp's 8-byte stores take
     // two wavefronts, then m[16], l[16]. Rows past the group are not stored (nor read).
     for r in 0..2 {
-        l[r] += shfl_xor(l[r], 1);
-        l[r] += shfl_xor(l[r], 2);
+        l[r] = quad_sum(l[r]);
     }
     let part_cols = D / d_parts;
     let pitch = part_cols + 8;
@@ -771,6 +810,69 @@ pub unsafe fn decode_mma<
     }
     if SPLIT && chunk.request_chunks > 1 {
         unsafe { finish_split::<C::Io, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
+    }
+}
+
+/// Sum over the four lanes of a fragment quad (the lanes holding one row's column pairs).
+#[inline(always)]
+fn quad_sum(x: f32) -> f32 {
+    let x = x + shfl_xor(x, 1);
+    x + shfl_xor(x, 2)
+}
+
+/// The query rows one warp writes straight from its fragments, in the lean epilogue without a
+/// combine ([`KvPipeline::rows_in_one_phase`]): `rows[r]` is the CTA row of the lane's fragment
+/// row `r` (`frag_row + 8·r` of its query tile) when the warp's phase owns it, and CTA row `i`
+/// is row `first_qo + i` of `o` (query head `first_qo_head + i` of the request).
+struct OwnRows {
+    first_qo: u32,
+    first_qo_head: u32,
+    rows: [Option<u32>; 2],
+}
+
+impl OwnRows {
+    /// Writes the owned rows' output columns `col0 + …` held by this lane (fragment column
+    /// pair `frag_col` of the warp's `DN` n-tiles) and, from the warp of the first columns, their
+    /// lse: the values of the combine in `decode_mma`, whose other phases add exact zeros.
+    #[inline(always)]
+    unsafe fn write<C: KvCache, const D: u32, const DN: usize>(
+        &self,
+        p: &DecodeParams,
+        col0: u32,
+        frag_col: u32,
+        m: [f32; 2],
+        l: [f32; 2],
+        o: &[[f32; 4]; DN],
+    ) {
+        for r in 0..2 {
+            let Some(row) = self.rows[r] else { continue };
+            let mut inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+            if C::FP8 {
+                inv *= p.v_scale;
+            }
+            let lse = if l[r] > 0.0 { m[r] + log2(l[r]) } else { f32::NEG_INFINITY };
+            let (inv, lse) = with_sink(p, self.first_qo_head + row, inv, lse);
+            let qo = (self.first_qo + row) as usize;
+            let out = unsafe { (p.o as *mut C::Io).add(qo * D as usize + col0 as usize) };
+            if C::FP8 {
+                // The lane's columns `DN·(2·frag_col + j) + n` ([`fp8::out_col`]): DN in a row per j.
+                for j in 0..2 {
+                    let first = DN as u32 * (2 * frag_col + j as u32);
+                    for n4 in 0..DN / 4 {
+                        let v = [0, 1, 2, 3].map(|i| o[4 * n4 + i][2 * r + j] * inv);
+                        unsafe { C::Io::store4(out.add((first + 4 * n4 as u32) as usize), v) };
+                    }
+                }
+            } else {
+                for n in 0..DN {
+                    let v = [o[n][2 * r] * inv, o[n][2 * r + 1] * inv];
+                    unsafe { C::Io::store2(out.add((n as u32 * 8 + 2 * frag_col) as usize), v) };
+                }
+            }
+            if col0 == 0 && frag_col == 0 {
+                unsafe { *(p.lse as *mut f32).add(qo) = lse };
+            }
+        }
     }
 }
 

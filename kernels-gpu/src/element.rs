@@ -11,6 +11,16 @@ pub trait Elem: Copy {
     /// Stores 4 consecutive values at global address `dst` (aligned to 4 elements) in one
     /// instruction.
     unsafe fn store4(dst: *mut Self, v: [f32; 4]);
+    /// Stores 2 consecutive values at global address `dst` (aligned to 2 elements) in one
+    /// instruction.
+    unsafe fn store2(dst: *mut Self, v: [f32; 2]);
+}
+
+/// `st.global.b32` of the 16-bit elements `v`, packed.
+#[inline(always)]
+unsafe fn store2_16bit(dst: *mut u16, v: [u16; 2]) {
+    let packed = v[0] as u32 | (v[1] as u32) << 16;
+    unsafe { asm!("st.global.b32 [{p}], {a};", p = in(reg64) dst, a = in(reg32) packed, options(nostack)) };
 }
 
 /// `st.global.v2.b32` of the 16-bit elements `v`, packed in pairs.
@@ -48,6 +58,14 @@ impl Elem for f32 {
     unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
         unsafe { crate::intrinsics::st_global_v4_f32(dst, v) };
     }
+
+    #[inline(always)]
+    unsafe fn store2(dst: *mut Self, v: [f32; 2]) {
+        unsafe {
+            asm!("st.global.v2.f32 [{p}], {{{a}, {b}}};", p = in(reg64) dst, a = in(reg32) v[0], b = in(reg32) v[1],
+                 options(nostack))
+        };
+    }
 }
 
 impl Elem for F16 {
@@ -73,6 +91,11 @@ impl Elem for F16 {
     unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
         unsafe { store4_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
     }
+
+    #[inline(always)]
+    unsafe fn store2(dst: *mut Self, v: [f32; 2]) {
+        unsafe { store2_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
+    }
 }
 
 impl Elem for BF16 {
@@ -93,6 +116,11 @@ impl Elem for BF16 {
     #[inline(always)]
     unsafe fn store4(dst: *mut Self, v: [f32; 4]) {
         unsafe { store4_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
+    }
+
+    #[inline(always)]
+    unsafe fn store2(dst: *mut Self, v: [f32; 2]) {
+        unsafe { store2_16bit(dst as *mut u16, v.map(|x| Self::from_f32(x).0)) };
     }
 }
 
