@@ -485,6 +485,20 @@ pub unsafe fn decode_mma<
     unsafe { kv.prefetch_first_tiles(p) };
     grid_dependency_wait();
     allow_dependent_launch();
+    // Lean 16-bit entries: Q → shared by `cp.async` in the first tiles' group, which the main
+    // loop waits for before its first tile (the other entries load it through registers below).
+    let q_async = V::T.stacks_heads && !C::FP8;
+    if q_async {
+        let mut idx = tid;
+        while idx < q_tiles * 16 * columns {
+            let (r, c) = (idx / columns, idx % columns);
+            let row = request * p.num_qo_heads + first_qo_head + r.min(heads - 1);
+            let src = unsafe { (p.q as *const C::Io).add(row as usize * D as usize + (c * 8) as usize) };
+            let n = if r < heads { 16 } else { 0 };
+            unsafe { cp_async_16(q_smem + swizzle::<D>(r, c), src as *const u8, n, kv.policy) };
+            idx += DECODE_THREADS;
+        }
+    }
     for s in 0..stages - 1 {
         if s < n_tiles {
             unsafe { kv.issue(s) };
@@ -497,7 +511,7 @@ pub unsafe fn decode_mma<
     if C::FP8 {
         let q_offset = (request * p.num_qo_heads + first_qo_head) as usize * D as usize;
         unsafe { fp8::stage_q::<C, D>(p, q_smem, row_scales, q_offset, heads, q_tiles, swizzle::<D>) };
-    } else {
+    } else if !q_async {
         let mut idx = tid;
         while idx < q_tiles * 16 * columns {
             let (r, c) = (idx / columns, idx % columns);
@@ -512,7 +526,9 @@ pub unsafe fn decode_mma<
             idx += DECODE_THREADS;
         }
     }
-    sync_threads();
+    if !q_async {
+        sync_threads();
+    }
 
     let frag_row = lane / 4; // the lane's fragment rows: frag_row and frag_row + 8
     let frag_col = lane % 4; // the lane's fragment column pair
