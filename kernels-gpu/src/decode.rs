@@ -40,6 +40,9 @@
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
 //!   columns between them; their partial (m, l, O) are combined through shared memory at the end.
+//!   In the lean tilings, when all blocks of each query row went to one warp phase (segments of
+//!   one 16-token block, or at most one block per head), that phase's warps write the rows from
+//!   their fragments instead ([`OwnRows`]).
 //! - A request split into several chunks has each CTA write a partial (O, lse) to the workspace,
 //!   and the CTA of its (request, KV head, head block) that drew the last arrival ticket at the
 //!   end of its main loop combines them once the others have published theirs
@@ -396,8 +399,10 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
 ///   takes blocks `phase, phase + phases, …` of each tile) and output columns `d_part` of
 ///   `d_parts` (D = 256: halves). Its lanes hold `mma` fragments: rows `lane / 4` and
 ///   `lane / 4 + 8`, column pair `lane % 4`.
-/// - K/V copies and page lookups: see `KvPipeline`. Q staging and the final combination of the
-///   phases: thread `t` takes elements `t, t + 128, …`.
+/// - K/V copies and page lookups: see `KvPipeline`. Q staging (by `cp.async` in the first tiles'
+///   group in the lean 16-bit entries, through registers in the others) and the final combination
+///   of the phases: thread `t` takes elements `t, t + 128, …`. Rows written without the combine:
+///   see [`OwnRows`].
 #[inline(always)]
 pub unsafe fn decode_mma<
     C: KvCache,
@@ -487,7 +492,7 @@ pub unsafe fn decode_mma<
     allow_dependent_launch();
     // Lean 16-bit entries: Q → shared by `cp.async` in the first tiles' group, which the main
     // loop waits for before its first tile (the other entries load it through registers below).
-    let q_async = V::T.stacks_heads && !C::FP8;
+    let q_async = const { V::T.stacks_heads && !C::FP8 };
     if q_async {
         let mut idx = tid;
         while idx < q_tiles * 16 * columns {
@@ -727,7 +732,8 @@ pub unsafe fn decode_mma<
                 own_rows[r] = Some(row);
             }
         }
-        let rows = OwnRows { first_qo: request * p.num_qo_heads + first_qo_head, first_qo_head, rows: own_rows };
+        let rows =
+            OwnRows { first_qo: request * p.num_qo_heads + first_qo_head, first_qo_head, rows: own_rows };
         unsafe { rows.write::<C, D, DN>(p, col0, frag_col, m, l, &o) };
         return;
     }
