@@ -47,13 +47,13 @@ const SPLIT_CODE_BUDGET: u32 = 56 * 1024;
 
 /// The entries ptxas 12.9 still gives spilled registers: the head_dim-256 soft-capped ones at the
 /// 255-register limit (4 bytes stored and loaded once per CTA, around the main loop), and the
-/// sm_80 build of the lean head_dim-128 ones at their 128-register cap (12 bytes: one value
-/// stored before the loop and reloaded after it, two column offsets reloaded once per tile from
-/// L1). (arch, entry, most stack-frame bytes, most spill bytes stored plus loaded.) Every other
-/// entry has neither.
+/// sm_80 build of the lean head_dim-128 ones at their 128-register cap (8 bytes: one value
+/// stored before the loop and reloaded after it, one reloaded once per tile from L1). (arch,
+/// entry, most stack-frame bytes, most spill bytes stored plus loaded.) Every other entry has
+/// neither.
 const KNOWN_SPILLS: [(&str, &str, u32, u32); 8] = [
-    ("sm_80", "decode_mma_lean_bf16_d128", 16, 24),
-    ("sm_80", "decode_mma_lean_f16_d128", 16, 24),
+    ("sm_80", "decode_mma_lean_bf16_d128", 8, 16),
+    ("sm_80", "decode_mma_lean_f16_d128", 8, 16),
     ("sm_80", "decode_mma_softcap_bf16_d256", 8, 8),
     ("sm_80", "decode_mma_softcap_f16_d256", 8, 8),
     ("sm_80", "decode_mma_softcap_split_bf16_d256", 8, 8),

@@ -716,6 +716,13 @@ pub unsafe fn decode_mma<
     // (or the chunk's partial, then the split merge) written.
     let ticket = if SPLIT { unsafe { draw_ticket(p, &chunk) } } else { 0 };
     cp_async_wait::<0>();
+    // One value of the accumulators after the loop for both epilogues below: without it, LLVM
+    // keeps a second copy for the combine and moves the accumulators into it after every tile.
+    if V::T.stacks_heads {
+        for o_n in o.iter_mut() {
+            opaque4(o_n);
+        }
+    }
     if V::T.stacks_heads && !SPLIT && kv.rows_in_one_phase(phases) {
         // Each row's blocks went to one warp phase, whose warps write it from their fragments.
         // The coordinates are derived again, as for the combine below.

@@ -324,6 +324,19 @@ pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
     v
 }
 
+/// Passes `x` through an empty `asm!` block, so that LLVM sees one new value for each of its
+/// elements: every later use reads that value, rather than copies of it that LLVM keeps along
+/// separate paths.
+#[inline(always)]
+pub fn opaque4(x: &mut [f32; 4]) {
+    let mut bits = x.map(f32::to_bits);
+    unsafe {
+        asm!("// opaque4 {a} {b} {c} {d}", a = inout(reg32) bits[0], b = inout(reg32) bits[1],
+             c = inout(reg32) bits[2], d = inout(reg32) bits[3], options(pure, nomem, nostack))
+    };
+    *x = bits.map(f32::from_bits);
+}
+
 /// True in every lane if `pred` holds in any lane of the warp.
 #[inline(always)]
 pub fn any_sync(pred: bool) -> bool {
