@@ -22,7 +22,7 @@ use paged_decode::{
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, rel_l2, tolerances};
+use problem::{HostProblem, ProblemCache, ProblemSpec, RANDOM_BLOCK, Rng, random_vec_on, rel_l2, tolerances};
 
 fn config() -> ProptestConfig {
     ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }
@@ -1006,4 +1006,26 @@ fn contiguous_layout_of_huge_shape() {
     let t = TensorLayout::contiguous([i32::MAX; 4]);
     assert_eq!(t.storage_len, usize::MAX);
     assert!(t.numel() <= t.storage_len);
+}
+
+/// The problems' random buffers are the same whichever number of threads fills them, differ
+/// between streams and seeds, and stay in `[-1, 1)`.
+#[test]
+fn random_buffers_do_not_depend_on_the_thread_count() {
+    let draw = |rng: &mut Rng| rng.symmetric();
+    for len in [0, 1, RANDOM_BLOCK - 1, RANDOM_BLOCK, 3 * RANDOM_BLOCK + 17] {
+        let one = random_vec_on(1, len, 7, 2, draw);
+        assert_eq!(one.len(), len);
+        assert!(one.iter().all(|x| (-1.0..1.0).contains(x)));
+        for threads in [2, 3, 8] {
+            assert_eq!(random_vec_on(threads, len, 7, 2, draw), one, "len {len}, {threads} threads");
+        }
+        if len > 0 {
+            assert_ne!(random_vec_on(2, len, 7, 3, draw), one, "another stream");
+            assert_ne!(random_vec_on(2, len, 8, 2, draw), one, "another seed");
+        }
+    }
+    // Blocks are not copies of each other.
+    let v = random_vec_on(2, 2 * RANDOM_BLOCK, 7, 2, draw);
+    assert_ne!(v[..RANDOM_BLOCK], v[RANDOM_BLOCK..]);
 }

@@ -42,6 +42,69 @@ impl Rng {
     }
 }
 
+/// Values per independently seeded block of a random buffer ([`random_vec`]).
+pub const RANDOM_BLOCK: usize = 1 << 16;
+
+/// `len` values of `draw`, filled on every core of the host: block `i` (of [`RANDOM_BLOCK`]
+/// values) comes from a generator of its own, seeded from `seed`, `stream` and `i`, so the
+/// contents depend on those alone and not on the number of threads. A multi-GB store takes
+/// seconds instead of a minute.
+pub fn random_vec<X: Send>(
+    len: usize,
+    seed: u64,
+    stream: u64,
+    draw: impl Fn(&mut Rng) -> X + Sync,
+) -> Vec<X> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    random_vec_on(threads, len, seed, stream, draw)
+}
+
+/// [`random_vec`] on at most `threads` threads (at least one).
+pub fn random_vec_on<X: Send>(
+    threads: usize,
+    len: usize,
+    seed: u64,
+    stream: u64,
+    draw: impl Fn(&mut Rng) -> X + Sync,
+) -> Vec<X> {
+    let blocks = len.div_ceil(RANDOM_BLOCK);
+    let threads = threads.clamp(1, blocks.max(1));
+    let per_thread = blocks.div_ceil(threads) * RANDOM_BLOCK;
+    let fill_blocks = |first_block: usize, part: &mut [std::mem::MaybeUninit<X>]| {
+        for (i, block) in part.chunks_mut(RANDOM_BLOCK).enumerate() {
+            let mut rng = Rng::new(block_seed(seed, stream, (first_block + i) as u64));
+            for slot in block {
+                slot.write(draw(&mut rng));
+            }
+        }
+    };
+    let mut v = Vec::with_capacity(len);
+    let spare = &mut v.spare_capacity_mut()[..len];
+    if threads == 1 {
+        fill_blocks(0, spare);
+    } else {
+        std::thread::scope(|scope| {
+            for (t, part) in spare.chunks_mut(per_thread).enumerate() {
+                let fill_blocks = &fill_blocks;
+                scope.spawn(move || fill_blocks(t * per_thread / RANDOM_BLOCK, part));
+            }
+        });
+    }
+    // SAFETY: the chunks cover `spare[..len]` and every slot of each was written (a panicking
+    // thread propagates out of the scope above before this line).
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// The seed of block `block` of random stream `stream` under `seed` (SplitMix64's finalizer,
+/// so that neighbouring blocks and streams get unrelated generators).
+fn block_seed(seed: u64, stream: u64, block: u64) -> u64 {
+    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ block.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Sizes of a decode problem; lengths are per request, pages are allocated in random order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProblemSpec {
@@ -266,10 +329,10 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
             },
         };
         let q_len = spec.batch() * spec.num_qo_heads * spec.head_dim;
-        let q = (0..q_len).map(|_| T::from_f64(rng.symmetric() * spec.q_scale)).collect();
+        let q = random_vec(q_len, spec.seed, 1, |rng| T::from_f64(rng.symmetric() * spec.q_scale));
         let store = total_pages * spec.num_kv_heads * ps * spec.head_dim;
-        let k_data = (0..store).map(|_| C::store(rng.symmetric(), scales.k_scale)).collect();
-        let v_data = (0..store).map(|_| C::store(rng.symmetric(), scales.v_scale)).collect();
+        let k_data = random_vec(store, spec.seed, 2, |rng| C::store(rng.symmetric(), scales.k_scale));
+        let v_data = random_vec(store, spec.seed, 3, |rng| C::store(rng.symmetric(), scales.v_scale));
         Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len, scales })
     }
 
