@@ -132,13 +132,21 @@ pub(crate) fn module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
 }
 
 /// Loads entry `name`, raising its dynamic shared-memory limit to `smem_bytes` when needed.
+///
+/// The limit belongs to the context's function, which every plan loading the entry shares, so
+/// it only ever rises: a plan selected later with a smaller need must not lower it under an
+/// earlier plan's launches (they would fail with `CUDA_ERROR_INVALID_VALUE`).
 pub(crate) fn function(ctx: &Arc<CudaContext>, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
+    static RAISING: Mutex<()> = Mutex::new(());
     let f = module(ctx)?.load_function(name)?;
     if smem_bytes > 48 * 1024 {
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem_bytes as i32,
-        )?;
+        let limit =
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        // One read-and-raise at a time, so that two threads' selects cannot lower it either.
+        let _one_at_a_time = RAISING.lock().unwrap_or_else(|e| e.into_inner());
+        if f.get_attribute(limit)? < smem_bytes as i32 {
+            f.set_attribute(limit, smem_bytes as i32)?;
+        }
     }
     Ok(f)
 }

@@ -202,14 +202,16 @@ impl<'a, T> KvView<'a, T> {
     pub fn hnd(data: &'a [T], kv: &PagedKvCacheDescriptor) -> Self {
         let (heads, ps, d) =
             (kv.num_kv_heads.max(0) as usize, kv.page_size.max(0) as usize, kv.head_dim.max(0) as usize);
-        Self { data, offset: 0, page_stride: heads * ps * d, head_stride: ps * d, token_stride: d }
+        let (page, row) = (heads.saturating_mul(ps).saturating_mul(d), ps.saturating_mul(d));
+        Self { data, offset: 0, page_stride: page, head_stride: row, token_stride: d }
     }
 
     /// `data` as a contiguous `[pages, page_size, kv_heads, head_dim]` (NHD) store.
     pub fn nhd(data: &'a [T], kv: &PagedKvCacheDescriptor) -> Self {
         let (heads, ps, d) =
             (kv.num_kv_heads.max(0) as usize, kv.page_size.max(0) as usize, kv.head_dim.max(0) as usize);
-        Self { data, offset: 0, page_stride: ps * heads * d, head_stride: d, token_stride: heads * d }
+        let (page, token) = (ps.saturating_mul(heads).saturating_mul(d), heads.saturating_mul(d));
+        Self { data, offset: 0, page_stride: page, head_stride: d, token_stride: token }
     }
 
     /// Element offset of row `(page, head, slot)`.

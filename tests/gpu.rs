@@ -662,6 +662,25 @@ fn workspace_too_small_is_reported() {
     }
 }
 
+/// Plans sharing a kernel entry with different shared-memory needs (the group sets the query
+/// tiles per CTA) run in any order: selecting the smaller one after the larger one must not
+/// lower the entry's limit under the larger one's launches.
+#[test]
+fn plans_sharing_an_entry_run_in_any_order() {
+    let Some(dev) = device("plans_sharing_an_entry_run_in_any_order") else { return };
+    let large = HostProblem::<f16>::random(&ProblemSpec::uniform(1, 3000, 64, 1, 128, 16)).unwrap();
+    let small = HostProblem::<f16>::random(&ProblemSpec::uniform(1, 3000, 8, 1, 128, 16)).unwrap();
+    let select = |host: &HostProblem<f16>| {
+        BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap()
+    };
+    let (large_plan, small_plan) = (select(&large), select(&small));
+    for (name, host, plan) in [("group 64", &large, &large_plan), ("group 8", &small, &small_plan)] {
+        let mut buf = DeviceProblem::upload(&dev.stream, host, plan.workspace_size()).unwrap();
+        let (o, lse) = run_decode(&dev, plan, &mut buf);
+        check(name, &host.spec, &o, &lse, &host.reference().unwrap());
+    }
+}
+
 /// The split state (arrival counters) lives in the caller's workspace, so neither dropping the
 /// plan nor running it on another stream can touch memory the plan owned: a graph replayed
 /// after its plan is dropped, and a first `run` on a stream other than `select`'s, give exact

@@ -576,6 +576,9 @@ fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_
             for tokens in [0, 1, tokens, u64::MAX] {
                 let shift = lean.stack_shift(desc, tokens, max_heads);
                 assert!(1u32 << shift <= max_heads.max(1) && shift <= 4, "{shift}");
+                for heads in [0, 1, 16, u32::MAX] {
+                    let _ = lean.stacking_cost(tokens, tokens, heads);
+                }
             }
         }
     }
@@ -917,6 +920,24 @@ proptest! {
             let back = paged_decode::fp8::fp8_to_f32(format, q);
             prop_assert!(back.is_nan() == f32::from_bits(bits).is_nan());
             let _ = paged_decode::fp8::fp8_to_f32(format, code);
+        }
+    }
+}
+
+/// The contiguous views of any descriptor, however large its extents, build without overflow.
+#[test]
+fn contiguous_reference_views_of_huge_descriptors() {
+    let data = [0f32; 4];
+    for extent in [0, 1, 1 << 20, i32::MAX] {
+        let kv = PagedKvCacheDescriptor {
+            page_size: extent,
+            num_total_pages: extent,
+            num_kv_heads: extent,
+            head_dim: extent,
+            element: ElementKind::F32,
+        };
+        for view in [KvView::hnd(&data, &kv), KvView::nhd(&data, &kv)] {
+            assert!(view.page_stride >= view.head_stride.min(view.token_stride));
         }
     }
 }

@@ -508,6 +508,86 @@ fn append_strided_kv_views() {
     );
 }
 
+/// The append writes its stores, so no two of a view's elements (nor of a paired store's K and
+/// V) may share an address: each would be written by two CTAs at once. The decode only reads
+/// its stores and accepts such views.
+#[test]
+fn append_views_must_not_overlap() {
+    let (desc, good) = append_case();
+    let kv = desc.paged_kv;
+    let numel = good.k_data.numel();
+    let with_kv =
+        |k: TensorLayout<4>, v: TensorLayout<4>| PagedKvAppendArgsLayout { k_data: k, v_data: v, ..good };
+    // A broadcast head, tokens interleaved into each other's rows, pages on top of each other.
+    let overlapping: [[i64; 4]; 3] =
+        [[16 * 64, 0, 64, 1], [2 * 16 * 64, 64, 32, 1], [16 * 64, 16 * 64, 64, 1]];
+    for stride in overlapping {
+        let k = strided(good.k_data, stride, numel);
+        expect_invalid(F16Append::check_layout(&desc, &with_kv(k, k)), &["k_data", "one address", "overlap"]);
+        let (decode, decode_args) = decode_case();
+        let d = strided(decode_args.k_data, stride, decode_args.k_data.numel());
+        F16Decode::check_layout(&decode, &BatchPagedDecodeArgsLayout { k_data: d, v_data: d, ..decode_args })
+            .unwrap();
+    }
+    // Every nested layout passes: HND, NHD, a pool of 3 layers.
+    for stride in [KvLayout::Hnd.strides(&kv), KvLayout::Nhd.strides(&kv)] {
+        let k = strided(good.k_data, stride, numel);
+        F16Append::check_layout(&desc, &with_kv(k, k)).unwrap();
+    }
+    let mut pool = KvLayout::Nhd.strides(&kv);
+    pool[0] *= 3;
+    let pooled = strided(good.k_data, pool, 3 * numel);
+    F16Append::check_layout(&desc, &with_kv(pooled, pooled)).unwrap();
+    // Paired stores: V must start past K's rows it would otherwise share.
+    for layout in [KvLayout::Nhd, KvLayout::Hnd] {
+        let (stride, v_offset) = layout.interleaved_strides(&kv);
+        let paired = PagedKvAppendArgsLayout { k_data: strided(good.k_data, stride, 2 * numel), ..good };
+        F16Append::check_paired_layout(&desc, &paired, v_offset).unwrap();
+        for v in [0, v_offset - 8, 64] {
+            expect_invalid(
+                F16Append::check_paired_layout(&desc, &paired, v),
+                &["kv_data", "one address", &format!("V {v} elements after K")],
+            );
+        }
+    }
+    // K and V in one allocation, one after the other: disjoint.
+    let back_to_back = PagedKvAppendArgsLayout {
+        k_data: strided(good.k_data, KvLayout::Hnd.strides(&kv), 2 * numel),
+        ..good
+    };
+    F16Append::check_paired_layout(&desc, &back_to_back, numel).unwrap();
+    expect_invalid(F16Append::check_paired_layout(&desc, &back_to_back, numel - 64), &["kv_data", "overlap"]);
+}
+
+/// A decode's page table holds at most 2^32 - 16 tokens (`indices.len() × page_size`): beyond,
+/// one request's length could wrap the kernels' u32 token counts.
+#[test]
+fn decode_page_table_token_limit() {
+    use paged_decode::plan::MAX_TABLE_TOKENS;
+    let page = 1 << 16;
+    let desc = BatchPagedDecodeDescriptor {
+        batch_size: 33,
+        num_qo_heads: 1,
+        sm_scale: 0.125,
+        paged_kv: kv(ElementKind::F16, page, 1, 1, 64),
+    };
+    let fits = (MAX_TABLE_TOKENS / page as u64) as i32;
+    assert_eq!(fits, (1 << 16) - 1);
+    F16Decode::check_layout(&desc, &BatchPagedDecodeArgsLayout::contiguous(&desc, fits)).unwrap();
+    for n in [fits + 1, 2 * 65537 + 31, i32::MAX] {
+        expect_unsupported(
+            F16Decode::check_layout(&desc, &BatchPagedDecodeArgsLayout::contiguous(&desc, n)),
+            &["indices", "tokens", &MAX_TABLE_TOKENS.to_string()],
+        );
+    }
+    // 16-token pages: 2^28 - 1 page ids are accepted, 2^28 are not.
+    let (desc16, good) = decode_case();
+    let at = BatchPagedDecodeArgsLayout { indices: with_shape([(1 << 28) - 1]), ..good };
+    F16Decode::check_layout(&desc16, &at).unwrap();
+    let past = BatchPagedDecodeArgsLayout { indices: with_shape([1 << 28]), ..good };
+    expect_unsupported(F16Decode::check_layout(&desc16, &past), &["indices"]);
+}
+
 #[test]
 fn variants_are_validated() {
     let desc = decode_desc(ElementKind::F16, 4, 32, 8, 128);

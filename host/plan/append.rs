@@ -16,7 +16,8 @@ use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
 use crate::types::*;
 
 use super::checks::{
-    KvStrides, aligned, check_paged_kv, expect_kv_view, expect_layout, positive, same_kv_strides,
+    KvStrides, aligned, check_paged_kv, expect_disjoint_rows, expect_kv_view, expect_layout, positive,
+    same_kv_strides,
 };
 use super::table_check::{PageTableView, check_on_device};
 
@@ -188,7 +189,19 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         args: &PagedKvAppendArgsLayout,
         v_offset: usize,
     ) -> Result<()> {
-        Self::kv_strides(desc, &Self::paired_layout(args, v_offset)?).map(|_| ())
+        Self::paired_strides(desc, &Self::paired_layout(args, v_offset)?, v_offset).map(|_| ())
+    }
+
+    /// [`Self::kv_strides`] of a paired layout ([`Self::paired_layout`]), whose K and V views
+    /// must not share an address either.
+    fn paired_strides(
+        desc: &PagedKvAppendDescriptor,
+        layout: &PagedKvAppendArgsLayout,
+        v_offset: usize,
+    ) -> Result<KvStrides> {
+        let strides = Self::kv_strides(desc, layout)?;
+        expect_disjoint_rows("kv_data", &layout.k_data, Some((v_offset as u128, 2)))?;
+        Ok(strides)
     }
 
     /// `args` with `v_data` the V view of a paired store: `k_data`'s strides, `v_offset`
@@ -217,6 +230,8 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         let size = C::CACHE_KIND.size_bytes();
         let k = expect_kv_view("k_data", &args.k_data, store, size)?;
         let strides = same_kv_strides(k, expect_kv_view("v_data", &args.v_data, store, size)?)?;
+        expect_disjoint_rows("k_data", &args.k_data, None)?;
+        expect_disjoint_rows("v_data", &args.v_data, None)?;
         if args.indices.shape[0] < 0 {
             return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
         }
@@ -386,7 +401,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         };
         let layout = Self::paired_layout(&layout, args.v_offset)?;
         args.check_launch_context(&self.ctx, stream)?;
-        let strides = Self::kv_strides(&self.desc, &layout)?;
+        let strides = Self::paired_strides(&self.desc, &layout, args.v_offset)?;
         if self.pref.checked {
             let table = PageTableView::of(&args.indices, &args.indptr, &args.last_page_len);
             check_on_device(

@@ -170,6 +170,38 @@ pub(super) fn expect_kv_view(
     Ok(KvStrides { page: units[0], head: units[1], token: units[2] })
 }
 
+/// Checks that no two elements of a view the kernels write share an address: with its axes
+/// (and `extra`, a further `(stride, extent)` axis such as a paired V store's offset) sorted by
+/// stride, each axis of more than one element starts past the span of the axes inside it. Every
+/// nested layout meets this (HND, NHD, vLLM's and FlashInfer's interleaved stores, pools of
+/// several layers); a broadcast axis (stride 0) or interleaved rows do not, and would have two
+/// CTAs write one address.
+pub(super) fn expect_disjoint_rows(
+    name: &str,
+    t: &TensorLayout<4>,
+    extra: Option<(u128, u128)>,
+) -> Result<()> {
+    let mut axes: Vec<(u128, u128)> =
+        (0..4).map(|a| (t.stride[a].max(0) as u128, t.shape[a].max(0) as u128)).collect();
+    axes.extend(extra);
+    axes.retain(|&(_, extent)| extent > 1);
+    axes.sort_unstable();
+    let mut span = 0u128; // farthest element offset the axes so far reach
+    for (stride, extent) in axes {
+        if stride <= span {
+            return Err(invalid(format!(
+                "{name}: strides {:?} over shape {:?}{} give two elements one address; a view the \
+                 kernel writes must not overlap itself",
+                t.stride,
+                t.shape,
+                extra.map_or(String::new(), |(s, _)| format!(" with V {s} elements after K")),
+            )));
+        }
+        span += stride * (extent - 1);
+    }
+    Ok(())
+}
+
 /// The strides K and V share: the kernels address both stores with one row offset.
 pub(super) fn same_kv_strides(k: KvStrides, v: KvStrides) -> Result<KvStrides> {
     if k != v {

@@ -17,6 +17,10 @@ use super::checks::check_decode_descriptor;
 
 /// Head dimensions with compiled kernels.
 pub const SUPPORTED_HEAD_DIMS: [i32; 3] = [64, 128, 256];
+/// Most tokens a decode's page table may hold (`indices.len() × page_size`, 2^32 - 16): the
+/// kernels count a request's tokens in u32 and round chunk sizes up to 16 tokens, which must not
+/// wrap.
+pub const MAX_TABLE_TOKENS: u64 = u32::MAX as u64 - 15;
 /// Upper bound on KV splits per request.
 pub const MAX_SPLITS: u32 = params::MAX_CHUNKS_PER_REQUEST;
 /// Preferred chunk, in pipeline tiles: one with fewer tiles is mostly fixed latency.
@@ -239,7 +243,7 @@ impl LeanLaunch {
     pub fn stacked_tiles(&self, tokens: u64, heads: u32) -> u64 {
         let tile_tokens = self.tile_tokens.max(16);
         let segment = (tile_tokens / heads.max(1)).max(16);
-        tokens.div_ceil(segment as u64) * heads as u64 * segment as u64 / tile_tokens as u64
+        tokens.div_ceil(segment as u64).saturating_mul(heads as u64 * segment as u64) / tile_tokens as u64
     }
 }
 

@@ -17,7 +17,7 @@ use crate::types::*;
 use super::checks::{
     KvStrides, aligned, check_decode_descriptor, expect_kv_view, expect_layout, same_kv_strides,
 };
-use super::config::{DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS};
+use super::config::{DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, MAX_TABLE_TOKENS};
 use super::table_check::{PageTableView, check_on_device};
 
 /// Arguments of [`BatchPagedDecodePlan::run`]: q and o of type `T`, the K/V store of `C` (`T`
@@ -33,7 +33,9 @@ pub struct BatchPagedDecodeArgs<'a, T, C = T> {
     pub k_data: TensorRef<'a, C, 4>,
     /// The values, a view of the same shape and strides as `k_data`.
     pub v_data: TensorRef<'a, C, 4>,
-    /// `[total_used_pages]`: page ids of all requests, concatenated.
+    /// `[total_used_pages]`: page ids of all requests, concatenated; at most
+    /// [`MAX_TABLE_TOKENS`](crate::plan::MAX_TABLE_TOKENS) tokens in all (`total_used_pages ×
+    /// page_size`).
     pub indices: TensorRef<'a, i32, 1>,
     /// `[batch + 1]`: request `b` owns `indices[indptr[b]..indptr[b + 1]]`.
     pub indptr: TensorRef<'a, i32, 1>,
@@ -245,6 +247,14 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             return Err(invalid(format!("indices: extent {} must be ≥ 0", args.indices.shape[0])));
         }
         expect_layout("indices", &args.indices, [args.indices.shape[0]], "[total_used_pages]")?;
+        let table_tokens = args.indices.shape[0] as u64 * kv.page_size.max(0) as u64;
+        if table_tokens > MAX_TABLE_TOKENS {
+            return Err(Error::Unsupported(format!(
+                "indices: {} page ids of {} tokens hold {table_tokens} tokens; the kernels count a \
+                 request's tokens in u32, so at most {MAX_TABLE_TOKENS} are supported",
+                args.indices.shape[0], kv.page_size
+            )));
+        }
         let b1 =
             b.checked_add(1).ok_or_else(|| invalid("batch_size + 1 (the length of indptr) overflows i32"))?;
         expect_layout("indptr", &args.indptr, [b1], "[batch_size + 1]")?;
