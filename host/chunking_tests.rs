@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use crate::chunking::{chunk_bounds, chunk_size, chunks_of, max_items, round16};
 use crate::params::MAX_CHUNKS_PER_REQUEST;
+use crate::plan::MAX_TABLE_TOKENS;
 
 /// (chunk size, chunks per request) as every CTA of the split kernel computes them.
 fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, balance: u32) -> (u32, Vec<u32>) {
@@ -85,6 +86,45 @@ fn a_long_request_gets_the_spare_chunks() {
     lens.push(20_000);
     let (chunk, n) = partition(&lens, 24 + 23, 64, 256, 33);
     assert!(n[..23].iter().all(|&n| n == 1) && n[23] >= 20, "chunk {chunk}, {n:?}");
+}
+
+/// The decode's page-table bound ([`MAX_TABLE_TOKENS`]) is what keeps the upper bound on the
+/// chunk size fitting: a request of that many tokens is one chunk of `round16` of its length,
+/// while one token more would need two chunks of the saturated rounding (and a batch allowed
+/// one chunk per request would overflow its grid).
+#[test]
+fn the_table_bound_keeps_one_chunk_per_request_possible() {
+    let longest = MAX_TABLE_TOKENS as u32;
+    assert_eq!(round16(longest as u64), longest);
+    assert_eq!(chunks_of(longest, round16(longest as u64)), 1);
+    assert_eq!(chunks_of(longest + 1, round16(longest as u64 + 1)), 2);
+    let (_, n) = partition(&[longest - 2, 1, 1], 3, 64, 256, 0);
+    assert_eq!(n, [1, 1, 1]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+    /// Batches of any page table the decode accepts, with one request near the bound, fit their
+    /// grid down to one chunk per request and cover every token.
+    #[test]
+    fn partition_fits_up_to_the_table_bound(
+        tokens in (MAX_TABLE_TOKENS - (1 << 24))..=MAX_TABLE_TOKENS,
+        short in prop::collection::vec(0u32..5000, 0..40),
+        splits in 1u32..=3,
+        spare in 0u32..40,
+    ) {
+        let mut lens = short;
+        let rest: u64 = lens.iter().map(|&l| l as u64).sum();
+        lens.push((tokens - rest) as u32);
+        let batch = lens.len() as u32;
+        let num_chunks = batch * splits + spare.min(batch - 1);
+        let (chunk, n) = partition(&lens, num_chunks, 64, 256, 0);
+        prop_assert!(n.iter().map(|&n| n as u64).sum::<u64>() <= num_chunks as u64);
+        for (&len, &n) in lens.iter().zip(&n) {
+            prop_assert!(len == 0 || ((n - 1) as u64 * (chunk as u64) < len as u64
+                && len as u64 <= n as u64 * chunk as u64));
+        }
+    }
 }
 
 proptest! {
