@@ -306,7 +306,9 @@ pub struct PlanPreference {
     /// kernel in the stream finishes, and read the page table (`indices`, `indptr`,
     /// `last_page_len`) before waiting for that kernel; `q`, the K/V store and every write wait.
     /// So the kernel launched right before `run` must not write the page table (one that writes
-    /// `q` or K/V, such as an append, is fine). Ignored before sm_90.
+    /// `q` or K/V, such as an append, is fine): the CTAs of a split launch could read two versions
+    /// of it, disagree on the partition, and the merge could wait forever. Turn this off when that
+    /// kernel writes the page table. Ignored before sm_90.
     pub programmatic_launch: bool,
     /// Chunks per request at equal lengths (`1..=MAX_SPLITS`) instead of the plan's rule, which
     /// derives it from the SM count and the batch's CTA count. The kernel still partitions
