@@ -25,6 +25,12 @@ fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, bala
     (chunk, lens.iter().map(|&l| chunks_of(l, chunk)).collect())
 }
 
+/// Whether chunks `[j·C, min((j + 1)·C, len))` for `j < n` are all non-empty and together
+/// exactly `[0, len)` (an empty request: any `n`).
+fn chunks_cover(len: u32, n: u32, chunk: u32) -> bool {
+    len == 0 || ((n - 1) as u64 * (chunk as u64) < len as u64 && len as u64 <= n as u64 * chunk as u64)
+}
+
 #[test]
 fn chunks_of_is_ceil_division() {
     for chunk in (16..=4096).step_by(16).chain([1, 7, 100_000, 1 << 20, u32::MAX - 15]) {
@@ -121,8 +127,7 @@ proptest! {
         let (chunk, n) = partition(&lens, num_chunks, 64, 256, 0);
         prop_assert!(n.iter().map(|&n| n as u64).sum::<u64>() <= num_chunks as u64);
         for (&len, &n) in lens.iter().zip(&n) {
-            prop_assert!(len == 0 || ((n - 1) as u64 * (chunk as u64) < len as u64
-                && len as u64 <= n as u64 * chunk as u64));
+            prop_assert!(chunks_cover(len, n, chunk), "len {} in {} chunks of {}", len, n, chunk);
         }
     }
 }
@@ -163,9 +168,7 @@ proptest! {
         prop_assert!(launched >= batch && launched <= num_chunks);
         for (&len, &n) in lens.iter().zip(&n) {
             prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);
-            // Chunks [j·C, min((j + 1)·C, len)) for j < n: all non-empty, together exactly [0, len).
-            prop_assert!(len == 0 || ((n - 1) as u64 * (chunk as u64) < len as u64
-                && len as u64 <= n as u64 * chunk as u64));
+            prop_assert!(chunks_cover(len, n, chunk), "len {} in {} chunks of {}", len, n, chunk);
         }
     }
 
