@@ -2,11 +2,14 @@
 //! build uses `griddepcontrol`, only the split entries carry the merge's ticket and
 //! release/acquire count, and ptxas assembles each for its architecture with no spills and no
 //! stack frame (but for the few entries of `KNOWN_SPILLS`) and a bounded amount of split-only
-//! code.
+//! code, and no `cp.async` of the machine code reads a cache-policy descriptor nothing wrote.
 
 #[path = "../host/cli/ptxas.rs"]
 #[allow(dead_code)]
 mod ptxas;
+#[path = "../host/cli/inspect/sass.rs"]
+#[allow(dead_code)]
+mod sass;
 
 use std::io::Write;
 
@@ -102,6 +105,45 @@ fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
                     r.code_bytes.saturating_sub(base.code_bytes)
                 );
             }
+        }
+    }
+}
+
+/// ptxas can assemble a `cp.async` whose L2 policy it dropped into a copy that traps on the GPU
+/// (see [`sass::copies_with_unwritten_descriptor`]); no entry of either build may hold one.
+#[test]
+fn every_copy_reads_a_written_cache_policy_descriptor() {
+    let (Some(ptxas), Some(disassembler)) = (ptxas::find(), sass::Disassembler::find()) else {
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "SKIPPED SASS copy-descriptor check: needs ptxas and a disassembler; {}; {}",
+            ptxas::INSTALL_HINT,
+            sass::INSTALL_HINT
+        );
+        return;
+    };
+    for (arch, cc) in [("sm_80", (8, 0)), ("sm_90", (9, 0))] {
+        let assembly = ptxas::assemble(&ptxas, ptx::for_compute_capability(cc), arch, &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let listing = disassembler.disassemble(&assembly.cubin, false).unwrap_or_else(|e| panic!("{e}"));
+        let functions = sass::functions(&listing);
+        let copies: usize = functions
+            .iter()
+            .map(|(_, code)| {
+                code.lines()
+                    .filter(|l| sass::instruction(l).is_some_and(|(op, _)| op.starts_with("LDGSTS")))
+                    .count()
+            })
+            .sum();
+        assert!(copies > 0, "{arch}: no LDGSTS in the listing; the check would pass vacuously");
+        for (name, code) in &functions {
+            let bad = sass::copies_with_unwritten_descriptor(code);
+            assert!(
+                bad.is_empty(),
+                "{arch} {name}: {} copies read an unwritten L2-policy descriptor, e.g. {}",
+                bad.len(),
+                bad[0]
+            );
         }
     }
 }

@@ -188,19 +188,7 @@ pub fn sass_mix(listing: &str) -> Mix {
 /// The opcode of a disassembled instruction line (`/*0c30*/ @!P0 LDG.E.128 R4, …`), without
 /// its predicate; `None` for any other line.
 pub fn sass_opcode(line: &str) -> Option<&str> {
-    let rest = line.trim_start().strip_prefix("/*")?;
-    let (address, rest) = rest.split_once("*/")?;
-    if address.is_empty() || !address.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut words = rest.split_whitespace();
-    let mut opcode = words.next()?;
-    if opcode.starts_with('@') {
-        opcode = words.next()?;
-    }
-    let opcode = opcode.trim_end_matches(';');
-    // Data in non-code sections (`.byte`, `.word`) is not an instruction.
-    (!opcode.is_empty() && !opcode.starts_with('.')).then_some(opcode)
+    super::sass::instruction(line).map(|(opcode, _)| opcode)
 }
 
 fn sass_class(opcode: &str) -> Option<String> {

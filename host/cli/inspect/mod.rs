@@ -108,7 +108,16 @@ fn print_sass(options: &Options) -> Result<()> {
         }
         println!("// {name}: {} SASS ({}, ptxas {})", options.arch, disassembler.describe(), ptxas_version);
         print!("{code}");
-        println!("// {name} SASS mix: {}\n", mix::one_line(&mix::sass_mix(&code)));
+        println!("// {name} SASS mix: {}", mix::one_line(&mix::sass_mix(&code)));
+        let unwritten = sass::copies_with_unwritten_descriptor(&code);
+        if !unwritten.is_empty() {
+            println!(
+                "// {name}: {} copies read an L2-policy descriptor nothing writes (they trap on the GPU), first: {}",
+                unwritten.len(),
+                unwritten[0]
+            );
+        }
+        println!();
     }
     Ok(())
 }

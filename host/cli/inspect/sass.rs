@@ -107,9 +107,87 @@ pub fn functions(listing: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The opcode (predicate dropped) and operands of a disassembled instruction line
+/// (`/*0c30*/ @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;`); `None` for any other line.
+pub fn instruction(line: &str) -> Option<(&str, &str)> {
+    let rest = line.trim_start().strip_prefix("/*")?;
+    let (address, rest) = rest.split_once("*/")?;
+    if address.is_empty() || !address.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let rest = rest.trim_start();
+    let rest = match rest.strip_prefix('@') {
+        Some(predicated) => predicated.split_once(char::is_whitespace)?.1.trim_start(),
+        None => rest,
+    };
+    let (opcode, operands) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let opcode = opcode.trim_end_matches(';');
+    let operands = operands.trim().trim_end_matches(';').trim_end();
+    // Data in non-code sections (`.byte`, `.word`) is not an instruction.
+    (!opcode.is_empty() && !opcode.starts_with('.')).then_some((opcode, operands))
+}
+
+/// The `cp.async` copies (`LDGSTS`) of one function's listing whose 64-bit memory descriptor
+/// `desc[URn]` is not an even uniform register pair that an instruction of the function writes.
+///
+/// The descriptor carries the copy's L2 cache policy. ptxas (12.9, 13.0, and so the JIT of
+/// driver 580) can drop the `createpolicy` that a `cp.async….L2::cache_hint` reads: it did for
+/// the decode's first copies when they sat in a loop around the partition. The copy then reads
+/// an unwritten pair (`LDGSTS [R174+UR0], desc[UR1][R36.64]`, with nothing writing UR0 or UR1)
+/// and traps with `CUDA_ERROR_ILLEGAL_INSTRUCTION` on the GPU, while ptxas reports nothing.
+pub fn copies_with_unwritten_descriptor(function: &str) -> Vec<String> {
+    let uniform = |operand: &str| operand.strip_prefix("UR").and_then(|n| n.parse::<u32>().ok());
+    let mut written = std::collections::BTreeSet::new();
+    for (opcode, operands) in function.lines().filter_map(instruction) {
+        if let Some(n) = operands.split(',').next().and_then(|d| uniform(d.trim())) {
+            written.insert(n);
+            if opcode.split('.').any(|m| m == "64") {
+                written.insert(n + 1);
+            }
+        }
+    }
+    function
+        .lines()
+        .filter(|line| {
+            let Some((opcode, operands)) = instruction(line) else { return false };
+            // A copy under the default policy names no descriptor (sm_80) or the default one.
+            let Some((descriptor, _)) = operands.split_once("desc[").and_then(|(_, r)| r.split_once(']'))
+            else {
+                return false;
+            };
+            opcode.starts_with("LDGSTS")
+                && uniform(descriptor).is_none_or(|n| n % 2 == 1 || !written.contains(&n))
+        })
+        .map(|line| line.trim().to_string())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_copies_whose_descriptor_no_instruction_writes() {
+        let line = |op: &str| format!("        /*0000*/                   {op} ;\n");
+        let listing = |body: &[&str]| body.iter().map(|op| line(op)).collect::<String>();
+        let good = listing(&[
+            "ULDC.64 UR4, c[0x0][0x208]",
+            "@!P1 LDGSTS.E.BYPASS.128 [R21+0x4000], desc[UR4][R14.64], !P1",
+        ]);
+        assert!(copies_with_unwritten_descriptor(&good).is_empty());
+        // The miscompile: no instruction writes UR0 / UR1 (nor an odd pair is valid).
+        let bad =
+            listing(&["ULDC UR4, c[0x0][0x278]", "LDGSTS.E.BYPASS.128 [R174+UR0], desc[UR1][R36.64], !P6"]);
+        assert_eq!(copies_with_unwritten_descriptor(&bad).len(), 1);
+        let odd =
+            listing(&["ULDC.64 UR4, c[0x0][0x208]", "LDGSTS.E.BYPASS.128 [R4+UR4], desc[UR5][R40.64], !P6"]);
+        assert_eq!(copies_with_unwritten_descriptor(&odd).len(), 1);
+        assert!(
+            copies_with_unwritten_descriptor(&line("LDGSTS.E.BYPASS.128 [R42], [R16.64], !P3")).is_empty()
+        );
+        assert_eq!(instruction(&line("@!PT LDS RZ, [RZ]")), Some(("LDS", "RZ, [RZ]")));
+        assert_eq!(instruction("        /*0000*/ \t.byte\t0x00"), None);
+    }
 
     #[test]
     fn splits_nvdisasm_and_cuobjdump_listings() {
