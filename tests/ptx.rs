@@ -65,9 +65,28 @@ const KNOWN_SPILLS: [(&str, &str, u32, u32); 8] = [
     ("sm_90", "decode_mma_softcap_f16_d256", 8, 8),
 ];
 
+/// One embedded build assembled by ptxas: architecture, compute capability, ptxas's output.
+type Assembled = (&'static str, (u32, u32), ptxas::Assembly);
+
+/// Both builds assembled for their architectures, once for the tests that read them; `None`
+/// without ptxas.
+fn assemblies() -> Option<&'static [Assembled]> {
+    static ASSEMBLIES: std::sync::OnceLock<Option<Vec<Assembled>>> = std::sync::OnceLock::new();
+    let built = ASSEMBLIES.get_or_init(|| {
+        let ptxas = ptxas::find()?;
+        let build = |(arch, cc): (&'static str, (u32, u32))| {
+            let assembly = ptxas::assemble(&ptxas, ptx::for_compute_capability(cc), arch, &[])
+                .unwrap_or_else(|e| panic!("{e}"));
+            (arch, cc, assembly)
+        };
+        Some([("sm_80", (8, 0)), ("sm_90", (9, 0))].into_iter().map(build).collect())
+    });
+    built.as_deref()
+}
+
 #[test]
 fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
-    let Some(ptxas) = ptxas::find() else {
+    let Some(assemblies) = assemblies() else {
         let _ = writeln!(
             std::io::stderr().lock(),
             "SKIPPED ptxas check: ptxas not found; {}",
@@ -75,11 +94,9 @@ fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
         );
         return;
     };
-    for (arch, cc) in [("sm_80", (8, 0)), ("sm_90", (9, 0))] {
-        let text = ptx::for_compute_capability(cc);
-        let reports = ptxas::assemble(&ptxas, text, arch, &[])
-            .and_then(|a| ptxas::report_of(&a, arch))
-            .unwrap_or_else(|e| panic!("{e}"));
+    for (arch, cc, assembly) in assemblies {
+        let (arch, cc) = (*arch, *cc);
+        let reports = ptxas::report_of(assembly, arch).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(reports.len(), ptx::expected_entries(cc).len(), "{arch}: one report per entry");
         for r in &reports {
             let (frame, spills) =
@@ -113,7 +130,7 @@ fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
 /// (see [`sass::copies_with_unwritten_descriptor`]); no entry of either build may hold one.
 #[test]
 fn every_copy_reads_a_written_cache_policy_descriptor() {
-    let (Some(ptxas), Some(disassembler)) = (ptxas::find(), sass::Disassembler::find()) else {
+    let (Some(assemblies), Some(disassembler)) = (assemblies(), sass::Disassembler::find()) else {
         let _ = writeln!(
             std::io::stderr().lock(),
             "SKIPPED SASS copy-descriptor check: needs ptxas and a disassembler; {}; {}",
@@ -122,9 +139,7 @@ fn every_copy_reads_a_written_cache_policy_descriptor() {
         );
         return;
     };
-    for (arch, cc) in [("sm_80", (8, 0)), ("sm_90", (9, 0))] {
-        let assembly = ptxas::assemble(&ptxas, ptx::for_compute_capability(cc), arch, &[])
-            .unwrap_or_else(|e| panic!("{e}"));
+    for (arch, _, assembly) in assemblies {
         let listing = disassembler.disassemble(&assembly.cubin, false).unwrap_or_else(|e| panic!("{e}"));
         let functions = sass::functions(&listing);
         let copies: usize = functions

@@ -137,8 +137,12 @@ pub fn instruction(line: &str) -> Option<(&str, &str)> {
 /// and traps with `CUDA_ERROR_ILLEGAL_INSTRUCTION` on the GPU, while ptxas reports nothing.
 pub fn copies_with_unwritten_descriptor(function: &str) -> Vec<String> {
     let uniform = |operand: &str| operand.strip_prefix("UR").and_then(|n| n.parse::<u32>().ok());
+    let instructions: Vec<(&str, &str, &str)> = function
+        .lines()
+        .filter_map(|line| instruction(line).map(|(opcode, operands)| (line, opcode, operands)))
+        .collect();
     let mut written = std::collections::BTreeSet::new();
-    for (opcode, operands) in function.lines().filter_map(instruction) {
+    for (_, opcode, operands) in &instructions {
         if let Some(n) = operands.split(',').next().and_then(|d| uniform(d.trim())) {
             written.insert(n);
             if opcode.split('.').any(|m| m == "64") {
@@ -146,20 +150,22 @@ pub fn copies_with_unwritten_descriptor(function: &str) -> Vec<String> {
             }
         }
     }
-    function
-        .lines()
-        .filter(|line| {
-            let Some((opcode, operands)) = instruction(line) else { return false };
-            // A copy under the default policy names no descriptor (sm_80) or the default one.
-            let Some((descriptor, _)) = operands.split_once("desc[").and_then(|(_, r)| r.split_once(']'))
-            else {
-                return false;
-            };
+    instructions
+        .iter()
+        .filter(|(_, opcode, operands)| {
+            // A copy under the default policy may name no descriptor at all.
             opcode.starts_with("LDGSTS")
-                && uniform(descriptor).is_none_or(|n| n % 2 == 1 || !written.contains(&n))
+                && copy_descriptor(operands)
+                    .is_some_and(|d| uniform(d).is_none_or(|n| n % 2 == 1 || !written.contains(&n)))
         })
-        .map(|line| line.trim().to_string())
+        .map(|(line, _, _)| line.trim().to_string())
         .collect()
+}
+
+/// The register named by a copy's `desc[…]` operand; `None` for a copy under the default
+/// policy, which names no descriptor (sm_80).
+fn copy_descriptor(operands: &str) -> Option<&str> {
+    operands.split_once("desc[").and_then(|(_, rest)| rest.split_once(']')).map(|(register, _)| register)
 }
 
 #[cfg(test)]
