@@ -301,15 +301,16 @@ pub struct PlanPreference {
     /// [`crate::Error::InvalidPageTable`]. This synchronizes the stream, so a checked `run`
     /// cannot be captured into a CUDA graph.
     pub checked: bool,
-    /// On sm_90 and newer, launch the decode kernel as a programmatic dependent launch (as
-    /// FlashInfer's `enable_pdl`, on by default there too): its CTAs start while the previous
-    /// kernel in the stream finishes, and read the page table (`indices`, `indptr`,
-    /// `last_page_len`) before waiting for that kernel; `q`, the K/V store and every write wait.
-    /// So the kernel launched right before `run` must not write the page table (one that writes
-    /// `q` or K/V, such as an append, is fine): the CTAs of a split launch could read two versions
-    /// of it, disagree on the partition, and the merge could wait forever. Turn this off when that
-    /// kernel writes the page table. Ignored before sm_90.
+    /// On sm_90 and newer, launch the decode kernel as a programmatic dependent launch (on by
+    /// default, as FlashInfer's `enable_pdl`): its CTAs start while the previous kernel in the
+    /// stream finishes and wait for it before reading anything, so whatever that kernel writes
+    /// (`q`, the K/V store, the page table) is seen complete. Ignored before sm_90.
     pub programmatic_launch: bool,
+    /// With [`Self::programmatic_launch`]: the caller's promise that lets the CTAs read the page
+    /// table before waiting for the previous kernel, which takes about a microsecond (the page
+    /// lookups' dependent loads) off every launch; see [`StablePageTable`]. `None` (the default):
+    /// every read waits.
+    pub stable_page_table: Option<StablePageTable>,
     /// Chunks per request at equal lengths (`1..=MAX_SPLITS`) instead of the plan's rule, which
     /// derives it from the SM count and the batch's CTA count. The kernel still partitions
     /// `batch × num_splits` chunks by the actual lengths. For tuning and benchmarks.
@@ -339,11 +340,37 @@ impl Default for PlanPreference {
             prefer_backend: None,
             checked: false,
             programmatic_launch: true,
+            stable_page_table: None,
             num_splits: None,
             spare_chunks: None,
             lean_max_avg_tokens: None,
             max_stacked_kv_heads: None,
         }
+    }
+}
+
+/// A promise, made by `unsafe` code, that no decode launch of the plan it is given to (through
+/// [`PlanPreference::stable_page_table`]) follows a kernel that writes that launch's page table
+/// (`indices`, `indptr`, `last_page_len`). With it, a programmatic launch reads the page table
+/// before waiting for the previous kernel in the stream. A kernel that writes `q` or the K/V
+/// store (an append, a RoPE) may come right before; so may the decode itself, replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StablePageTable(());
+
+impl StablePageTable {
+    /// Makes the promise.
+    ///
+    /// # Safety
+    /// For every `run` (in any of its forms) of a plan selected with this promise, no kernel that
+    /// may still be running when that launch starts writes the page table it reads: not the
+    /// kernel right before it in the stream (or in a captured graph), and not a kernel that one
+    /// may itself overlap (a programmatic launch that had not waited for its predecessor). A copy
+    /// right before `run` is fine: a programmatic launch overlaps only a kernel. Otherwise the
+    /// CTAs of one launch can read two versions of the page table and disagree on the partition
+    /// of the requests into chunks, and the split merge waits for chunks that never arrive (the
+    /// kernel does not finish) or combines partials of different tables into `o`.
+    pub const unsafe fn promise() -> Self {
+        Self(())
     }
 }
 

@@ -14,7 +14,7 @@ use paged_decode::plan::DecodeConfig;
 use paged_decode::reference::DecodeOutput;
 use paged_decode::{
     BatchPagedDecodePlan, DecodePath, Device, Element, ElementKind, Error, PagedKvAppendDescriptor,
-    PagedKvAppendPlan, PlanPreference, Workspace,
+    PagedKvAppendPlan, PlanPreference, StablePageTable, TensorRef, Workspace,
 };
 use problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
 
@@ -494,8 +494,11 @@ fn chained_decodes_see_the_previous_kernels_output() {
         let first = HostProblem::<f16>::random(&spec).unwrap();
         let second =
             HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() }).unwrap();
-        for programmatic_launch in [false, true] {
-            let pref = PlanPreference { programmatic_launch, ..PlanPreference::default() };
+        // SAFETY: the kernel before each decode of the chain is the other decode, which writes
+        // only its `o`, `lse` and workspace, or a memset of an `o`.
+        let stable = unsafe { StablePageTable::promise() };
+        for (programmatic_launch, stable_page_table) in [(false, None), (true, None), (true, Some(stable))] {
+            let pref = PlanPreference { programmatic_launch, stable_page_table, ..PlanPreference::default() };
             let plan = BatchPagedDecodePlan::<f16>::select(s, &first.desc, pref).unwrap();
             let mut a = DeviceProblem::upload(s, &first, plan.workspace_size()).unwrap();
             let mut b = DeviceProblem::upload(s, &second, plan.workspace_size()).unwrap();
@@ -533,15 +536,71 @@ fn chained_decodes_see_the_previous_kernels_output() {
             let replayed = s.clone_dtoh(&b.o).unwrap();
             assert!(
                 replayed.iter().zip(&o2).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "shape {i}, programmatic {programmatic_launch}: graph replay differs from eager"
+                "shape {i}, {pref:?}: graph replay differs from eager"
             );
             println!(
-                "chain {i} ({} splits, programmatic launch {}): second decode saw the first one's output",
+                "chain {i} ({} splits, programmatic launch {}, page table early {}): second decode saw the \
+                 first one's output",
                 plan.config().num_splits,
-                plan.programmatic_launch()
+                plan.programmatic_launch(),
+                plan.reads_page_table_early()
             );
         }
     }
+}
+
+/// A decode whose page table the kernel right before it writes, under the default preference
+/// (programmatic launch, no [`StablePageTable`] promise). That kernel, a long decode still running
+/// when the second one's CTAs start, writes its `lse`, which the second decode reads as its
+/// `last_page_len`: a placeholder of 1 before, huge lengths after, which the kernels clamp to full
+/// pages. The second decode must give the result of the full pages: for the lean kernel, the
+/// split kernel deriving the partition in every CTA, and the schedule kernel's partition.
+#[test]
+fn page_table_written_by_the_previous_kernel() {
+    let Some(dev) = device("page_table_written_by_the_previous_kernel") else { return };
+    let s = &dev.stream;
+    // The writer: two long requests, one CTA per (request, KV head), so that it is still running
+    // when the next launch's CTAs start; 64 lse values.
+    let writer = HostProblem::<f16>::random(&ProblemSpec::uniform(2, 32768, 32, 8, 128, 16)).unwrap();
+    let pref = PlanPreference { num_splits: Some(1), ..PlanPreference::default() };
+    let writer_plan = BatchPagedDecodePlan::<f16>::select(s, &writer.desc, pref).unwrap();
+    let mut writer_buf = DeviceProblem::upload(s, &writer, writer_plan.workspace_size()).unwrap();
+    let placeholder = vec![f32::from_bits(1); writer_buf.lse.len()];
+    let mut paths = Vec::new();
+    for (batch, len) in [(32, 64), (4, 4096), (64, 2048)] {
+        // Full last pages: the table the writer leaves.
+        let spec = ProblemSpec { seed: 91, ..ProblemSpec::uniform(batch, len, 16, 4, 128, 16) };
+        let host = HostProblem::<f16>::random(&spec).unwrap();
+        let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, PlanPreference::default()).unwrap();
+        assert!(!plan.reads_page_table_early());
+        let what = plan.path(host.indices.len()).name();
+        paths.push(what);
+        let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+        s.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
+        s.memcpy_htod(&placeholder, &mut writer_buf.lse).unwrap();
+        {
+            let (mut args, mut ws) = writer_buf.args_and_workspace();
+            writer_plan.run(s, &mut ws, &mut args).unwrap();
+        }
+        {
+            let (mut args, mut ws) = buf.args_and_workspace();
+            // SAFETY: `lse` holds 64 f32 values, read here as `batch ≤ 64` i32 lengths; one stream
+            // orders both launches.
+            let lengths = unsafe { writer_buf.lse.transmute::<i32>(batch) }.unwrap();
+            args.last_page_len = TensorRef::new(lengths, [batch as i32]);
+            plan.run(s, &mut ws, &mut args).unwrap();
+        }
+        let writer_lse = s.clone_dtoh(&writer_buf.lse).unwrap();
+        assert!(writer_lse.iter().all(|&v| v > 0.0), "{what}: the writer's lse must be positive");
+        let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
+        check(what, &spec, &o, &lse, &host.reference().unwrap());
+    }
+    println!(
+        "paths {paths:?}, programmatic launch {}: the table the previous kernel wrote",
+        paged_decode::ptx::supports_programmatic_launch(
+            paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability
+        )
+    );
 }
 
 fn checksum<T: Element>(v: &[T]) -> Vec<u64> {
@@ -791,7 +850,7 @@ fn run_refuses_tensors_of_another_gpu() {
 /// Runs `dev`'s plans with operands from `other`, one at a time, expecting `WrongDevice` naming
 /// each; then checks a correct run on `dev` still matches the reference.
 fn refuses_foreign_operands(dev: &Device, other: &Device) {
-    use paged_decode::{TensorMut, TensorRef};
+    use paged_decode::TensorMut;
     let spec = ProblemSpec::uniform(3, 700, 16, 4, 128, 16);
     let host = HostProblem::<f16>::random(&spec).unwrap();
     let (s, foreign) = (&dev.stream, &other.stream);

@@ -16,7 +16,7 @@ use paged_decode::device::DeviceProps;
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodePlan, Device, Element, Error, KvLayout, PlanPreference,
-    Result, ptx,
+    Result, StablePageTable, ptx,
 };
 use serde::{Deserialize, Serialize};
 
@@ -135,6 +135,9 @@ pub struct BenchOptions {
     pub check: bool,
     /// Launch with programmatic dependent launch where the GPU supports it (the default).
     pub programmatic_launch: bool,
+    /// Read the page table before waiting for the previous kernel
+    /// ([`PlanPreference::stable_page_table`]).
+    pub stable_page_table: bool,
     /// Chunks per request instead of the plan's rule ([`PlanPreference::num_splits`]).
     pub num_splits: Option<u32>,
     /// Spare chunks instead of the plan's rule ([`PlanPreference::spare_chunks`]).
@@ -304,6 +307,15 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     })
 }
 
+/// How the bench's plans launch, in words (where the GPU supports programmatic launch).
+fn launch_mode(pref: &PlanPreference) -> &'static str {
+    match (pref.programmatic_launch, pref.stable_page_table.is_some()) {
+        (false, _) => "plain (no programmatic dependent launch)",
+        (true, false) => "programmatic dependent launch, every read after the wait",
+        (true, true) => "programmatic dependent launch, page table read before the wait",
+    }
+}
+
 /// Reads the shape table, benchmarks every row and writes the JSON and the plot.
 pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let shapes: Vec<Shape> = serde_json::from_str(&std::fs::read_to_string(&opts.shapes)?)?;
@@ -318,8 +330,13 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         Err(e) => return Err(e.into()),
     };
     let ceiling = read_ceiling(&device)?;
+    // SAFETY: every graph this benchmark times holds only the plan's own decode launches, which
+    // write `o`, `lse` and the workspace but never the page table; the run before them is
+    // preceded by the uploads (copies).
+    let stable_page_table = opts.stable_page_table.then(|| unsafe { StablePageTable::promise() });
     let pref = PlanPreference {
         programmatic_launch: opts.programmatic_launch,
+        stable_page_table,
         num_splits: opts.num_splits,
         spare_chunks: opts.spare_chunks,
         lean_max_avg_tokens: opts.lean_max_avg_tokens,
@@ -327,6 +344,7 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
+    println!("launch: {}", launch_mode(&pref));
     println!(
         "{:<28} {:>10} {:>8} {:>8} {:>7} {:>11} {:>9} {:>10}",
         "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "path", "rel err"

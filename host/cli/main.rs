@@ -83,6 +83,11 @@ enum Command {
         /// Launch without programmatic dependent launch (on by default on sm_90+).
         #[arg(long)]
         no_programmatic_launch: bool,
+        /// Let the CTAs read the page table before waiting for the previous kernel
+        /// (`PlanPreference::stable_page_table`); the timed graph holds only the plan's own
+        /// launches, which do not write it.
+        #[arg(long)]
+        stable_page_table: bool,
         /// Chunks per request instead of the plan's rule (1..=64; tuning).
         #[arg(long)]
         splits: Option<u32>,
@@ -148,6 +153,7 @@ fn main() -> ExitCode {
             plot,
             check,
             no_programmatic_launch,
+            stable_page_table,
             splits,
             spare,
             indices_slack,
@@ -159,6 +165,7 @@ fn main() -> ExitCode {
             plot,
             check,
             programmatic_launch: !no_programmatic_launch,
+            stable_page_table,
             num_splits: splits,
             spare_chunks: spare,
             indices_slack,

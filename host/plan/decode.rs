@@ -195,6 +195,9 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     check_fn: CudaFunction,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
     programmatic: bool,
+    /// A programmatic launch whose CTAs read the page table before waiting for the previous
+    /// kernel ([`PlanPreference::stable_page_table`]).
+    early_page_table: bool,
     /// The context the kernels were loaded into: `run` launches only on its streams.
     ctx: Arc<CudaContext>,
     _t: PhantomData<(T, C)>,
@@ -353,6 +356,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
             _ => None,
         };
+        let programmatic =
+            pref.programmatic_launch && ptx::supports_programmatic_launch(props.compute_capability);
         Ok(Self {
             whole_fn,
             schedule_fn,
@@ -361,8 +366,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             variant: *variant,
             config,
             pref,
-            programmatic: pref.programmatic_launch
-                && ptx::supports_programmatic_launch(props.compute_capability),
+            programmatic,
+            early_page_table: programmatic && pref.stable_page_table.is_some(),
             arch,
             decode_fn,
             check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
@@ -390,6 +395,12 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// [`PlanPreference::programmatic_launch`]).
     pub fn programmatic_launch(&self) -> bool {
         self.programmatic
+    }
+
+    /// Whether `run`'s CTAs read the page table before waiting for the previous kernel (a
+    /// programmatic launch with [`PlanPreference::stable_page_table`]).
+    pub fn reads_page_table_early(&self) -> bool {
+        self.early_page_table
     }
 
     /// Checks the arguments against the plan's descriptor.
@@ -598,9 +609,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             heads_along_x: heads_along_x as u32,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
-            // Only CTAs of the first wave can start before the previous kernel ends, and a
-            // scheduled partition is known only after it.
-            prefetch_ctas: if self.programmatic && !scheduled { self.config.wave_ctas } else { 0 },
+            // Only CTAs of the first wave can start before the previous kernel ends, only those
+            // that read the page table early know their tiles then, and a scheduled partition is
+            // known only after the schedule kernel.
+            prefetch_ctas: if self.early_page_table && !scheduled { self.config.wave_ctas } else { 0 },
             k_scale: scales.k_scale,
             v_scale: scales.v_scale,
             kv_page_stride: strides.page,
@@ -611,6 +623,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             soft_cap_log2: self.variant.logits_soft_cap.map_or(0.0, |cap| cap * std::f32::consts::LOG2_E),
             sinks,
             stack_shift,
+            early_page_table: self.early_page_table as u32,
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.

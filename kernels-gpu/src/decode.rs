@@ -48,11 +48,13 @@
 //!   end of its main loop combines them once the others have published theirs
 //!   ([`finish_split`]); a request in one chunk is written to `o` and `lse` directly. One launch
 //!   either way.
-//! - Programmatic dependent launch (sm_90 build): before `griddepcontrol.wait` a CTA reads only
-//!   the page table (chunk bounds, the first tiles' page rows) and, in the first wave, prefetches
-//!   its first tiles into L2; Q, K/V and every write come after the wait, so a CTA can start
-//!   while the previous kernel in the stream finishes. The dependents' launch is allowed right
-//!   after the wait.
+//! - Programmatic dependent launch (sm_90 build): a CTA can start while the previous kernel in
+//!   the stream finishes. It waits for that kernel (`griddepcontrol.wait`) before any read,
+//!   unless the caller promised that kernel does not write the page table
+//!   (`p.early_page_table`): then the CTA reads the page table first (chunk bounds, the first
+//!   tiles' page rows) and, in the first wave, prefetches its first tiles into L2. Q, K/V and
+//!   every write come after the wait either way. The dependents' launch is allowed right after
+//!   the wait.
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
@@ -66,7 +68,7 @@ use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{
     DECODE_THREADS, DecodeParams, MmaTiling, fp8_lean_tiling, fp8_tiling, lean_tiling, standard_tiling,
 };
-use crate::partition::{Chunk, cta_coords, find_chunk, whole_request};
+use crate::partition::{Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request};
 use crate::variant::{Logits, with_sink};
 
 pub(crate) const WARPS: u32 = DECODE_THREADS / 32;
@@ -422,6 +424,7 @@ pub unsafe fn decode_mma<
     const { assert!(V::T.kv_bytes == if C::FP8 { 1 } else { 2 }) };
     // One thread per tile row resolves page lookups.
     const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
+    wait_unless_page_table_stable(p);
     let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
     let heads_per_cta = V::T.heads_per_cta;
     let d_parts = V::T.d_parts;
@@ -486,7 +489,8 @@ pub unsafe fn decode_mma<
     let mut pending_page = load_page(stages - 1);
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
-    // so until it completes the first tiles are only prefetched into L2 (a hint, no read).
+    // so until it completes the first tiles are only prefetched into L2 (a hint, no read; the
+    // host asks for it only with the early page table).
     unsafe { kv.prefetch_first_tiles(p) };
     grid_dependency_wait();
     allow_dependent_launch();
@@ -947,6 +951,7 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
     p: &DecodeParams,
 ) {
     const { assert!(VPL as u32 * 32 == D) };
+    wait_unless_page_table_stable(p);
     let tid = thread_idx();
     let lane = tid % 32;
     let warp = tid / 32;

@@ -87,6 +87,11 @@ pub struct DecodeParams {
     /// stack_shift`, which it divides), their `group << stack_shift ≤ 16` query heads in one
     /// query tile. 0: one KV head per CTA. The other tilings ignore it.
     pub stack_shift: u32,
+    /// Programmatic dependent launch: 1 lets a CTA read the page table (`indptr`, `indices`,
+    /// `last_page_len`) before `griddepcontrol.wait`, as the caller promised that the kernel
+    /// before this launch does not write it; 0 has every CTA wait first (see
+    /// [`crate::partition::wait_unless_page_table_stable`]).
+    pub early_page_table: u32,
 }
 
 /// `DecodeParams::window_left` without a window.

@@ -18,7 +18,8 @@
 //! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets
 //! `s` chunks of `ceil(L / s)` tokens rounded up to 16 (fewer when those would be shorter than
 //! `preferred_chunk`). The partition reads only `indptr` and `last_page_len`, so it runs before
-//! `griddepcontrol.wait`.
+//! `griddepcontrol.wait` when the caller promised that the previous kernel does not write them
+//! ([`wait_unless_page_table_stable`]).
 //!
 //! With a sliding window (`p.window_left`), a request's length in all of the above is the tokens
 //! it attends to ([`attended`]) and its chunks start at its window's first token
@@ -129,6 +130,17 @@ macro_rules! each_request {
             }
         }
     }};
+}
+
+/// Without the caller's promise that the kernel before this launch leaves the page table alone
+/// (`p.early_page_table == 0`), waits for that kernel, so that no read of the page table comes
+/// before it. The decode and schedule kernels call this first; their later waits then return at
+/// once.
+#[inline(always)]
+pub fn wait_unless_page_table_stable(p: &DecodeParams) {
+    if p.early_page_table == 0 {
+        grid_dependency_wait();
+    }
 }
 
 /// The chunk of item `item` under the partition above, or `None` past the last item (the same

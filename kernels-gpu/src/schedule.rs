@@ -20,14 +20,15 @@
 //! reductions go through `32` words of dynamic shared memory per value.
 //!
 //! # Ordering
-//! The page table is read before `griddepcontrol.wait` (the preceding kernel must not write it,
-//! as for the decode kernel itself); the map is written after it, and the decode kernel reads it
-//! after its own wait, which returns only when this grid, and so the kernel before it, is done.
+//! The page table is read after `griddepcontrol.wait`, or before it when the caller promised that
+//! the preceding kernel does not write it (`p.early_page_table`, as for the decode kernel
+//! itself); the map is written after it, and the decode kernel reads it after its own wait,
+//! which returns only when this grid, and so the kernel before it, is done.
 
 use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
 use crate::intrinsics::*;
 use crate::params::{DecodeParams, SCHEDULE_THREADS};
-use crate::partition::request_pages;
+use crate::partition::{request_pages, wait_unless_page_table_stable};
 use crate::variant::attended;
 
 const WARPS: u32 = SCHEDULE_THREADS / 32;
@@ -111,6 +112,7 @@ fn block_exclusive_scan_u32(v: u32, slot: u32) -> u32 {
 #[inline(always)]
 pub unsafe fn schedule_chunks(p: &DecodeParams) {
     allow_dependent_launch();
+    wait_unless_page_table_stable(p);
     let (first, count) = my_requests(p.batch);
     // Tokens each request attends to (its window's).
     let len = |b: u32| attended(p, unsafe { request_pages(p, b) }.2);
