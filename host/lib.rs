@@ -142,6 +142,8 @@ pub mod types;
 #[path = "../kernels-gpu/src/params.rs"]
 #[allow(dead_code)]
 pub(crate) mod params;
+#[cfg(test)]
+mod tiling_tests;
 
 #[path = "../kernels-gpu/src/chunking.rs"]
 #[allow(dead_code)]

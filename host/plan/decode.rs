@@ -624,6 +624,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             sinks,
             stack_shift,
             early_page_table: self.early_page_table as u32,
+            group_reciprocal: params::group_reciprocal(
+                (self.desc.num_qo_heads / kv.num_kv_heads.max(1)).max(1) as u32,
+            ),
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.

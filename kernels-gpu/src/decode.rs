@@ -66,7 +66,8 @@ use crate::fp8_operands as fp8;
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{
-    DECODE_THREADS, DecodeParams, MmaTiling, fp8_lean_tiling, fp8_tiling, lean_tiling, standard_tiling,
+    DECODE_THREADS, DecodeParams, MmaTiling, WarpRoles, fp8_lean_tiling, fp8_tiling, lean_tiling,
+    stacked_head_of_row, standard_tiling,
 };
 use crate::partition::{Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request};
 use crate::variant::{Logits, with_sink};
@@ -439,14 +440,13 @@ pub unsafe fn decode_mma<
     let stack_shift = if V::T.stacks_heads { p.stack_shift } else { 0 };
     let kv_head = (head_block / head_blocks) << stack_shift;
     let first_group_head = (head_block % head_blocks) * heads_per_cta;
+    // At most `max_q_tiles()` query tiles: the host stacks at most one tile of heads.
+    const { assert!(!V::T.stacks_heads || V::T.max_q_tiles() <= 2) };
     let heads = (group - first_group_head).min(heads_per_cta) << stack_shift;
     let q_tiles = heads.div_ceil(16);
     // Warp roles: query tile `q_tile`, output columns `d_part` of `d_parts`, 16-token block phase
     // `phase` of `phases`.
-    let phases = WARPS / q_tiles / d_parts;
-    let q_tile = warp % q_tiles;
-    let phase = (warp / q_tiles) % phases;
-    let d_part = warp / q_tiles / phases;
+    let WarpRoles { q_tile, phase, phases, d_part } = V::T.warp_roles(warp, q_tiles);
     let first_qo_head = kv_head * group + first_group_head;
 
     let columns = D / 8; // 16-byte columns per row
@@ -498,14 +498,21 @@ pub unsafe fn decode_mma<
     // loop waits for before its first tile (the other entries load it through registers below).
     let q_async = const { V::T.stacks_heads && !C::FP8 };
     if q_async {
-        let mut idx = tid;
-        while idx < q_tiles * 16 * columns {
-            let (r, c) = (idx / columns, idx % columns);
-            let row = request * p.num_qo_heads + first_qo_head + r.min(heads - 1);
-            let src = unsafe { (p.q as *const C::Io).add(row as usize * D as usize + (c * 8) as usize) };
-            let n = if r < heads { 16 } else { 0 };
-            unsafe { cp_async_16(q_smem + swizzle::<D>(r, c), src as *const u8, n, kv.policy) };
-            idx += DECODE_THREADS;
+        // A fixed count of copies per thread (those of the most tiles, each predicated on the
+        // CTA's), so that no loop set-up lies between the wait and the first copy. Under the
+        // default L2 policy: ptxas drops the `createpolicy` of these unrolled copies (see the
+        // descriptor check in `tests/ptx.rs`).
+        let copies = const { V::T.max_q_tiles() * 16 * (D / 8) / DECODE_THREADS };
+        const { assert!(V::T.max_q_tiles() * 16 * (D / 8) % DECODE_THREADS == 0) };
+        for i in 0..copies {
+            let idx = tid + i * DECODE_THREADS;
+            if idx < q_tiles * 16 * columns {
+                let (r, c) = (idx / columns, idx % columns);
+                let row = request * p.num_qo_heads + first_qo_head + r.min(heads - 1);
+                let src = unsafe { (p.q as *const C::Io).add(row as usize * D as usize + (c * 8) as usize) };
+                let n = if r < heads { 16 } else { 0 };
+                unsafe { cp_async_16_default_policy(q_smem + swizzle::<D>(r, c), src as *const u8, n) };
+            }
         }
     }
     for s in 0..stages - 1 {
@@ -575,7 +582,7 @@ pub unsafe fn decode_mma<
     let mut row_head = [0u32; 2];
     if V::T.stacks_heads {
         for r in 0..2 {
-            row_head[r] = (q_tile * 16 + frag_row + 8 * r as u32) / group;
+            row_head[r] = stacked_head_of_row(q_tile * 16 + frag_row + 8 * r as u32, p.group_reciprocal);
         }
     }
 
@@ -733,7 +740,7 @@ pub unsafe fn decode_mma<
         let tid = thread_idx_reread();
         let (lane, warp) = (tid % 32, tid / 32);
         let (frag_row, frag_col) = (lane / 4, lane % 4);
-        let (q_tile, phase, d_part) = (warp % q_tiles, (warp / q_tiles) % phases, warp / q_tiles / phases);
+        let WarpRoles { q_tile, phase, d_part, .. } = V::T.warp_roles(warp, q_tiles);
         let col0 = d_part * DN as u32 * 8;
         let mut own_rows = [None; 2];
         for r in 0..2 {

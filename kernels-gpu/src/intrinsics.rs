@@ -193,6 +193,17 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32, policy: u64)
              options(nostack))
     };
 }
+/// [`cp_async_16`] under the default L2 policy.
+///
+/// # Safety
+/// As [`cp_async_16`].
+#[inline(always)]
+pub unsafe fn cp_async_16_default_policy(dst: u32, src: *const u8, src_bytes: u32) {
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, options(nostack))
+    };
+}
 #[inline(always)]
 pub fn cp_async_commit() {
     unsafe { asm!("cp.async.commit_group;", options(nostack)) };

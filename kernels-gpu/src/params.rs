@@ -92,6 +92,22 @@ pub struct DecodeParams {
     /// before this launch does not write it; 0 has every CTA wait first (see
     /// [`crate::partition::wait_unless_page_table_stable`]).
     pub early_page_table: u32,
+    /// `ceil(1024 / group)` (`group = num_qo_heads / num_kv_heads`): the lean kernels find the
+    /// stacked KV head of query row `r < 32` as `r · group_reciprocal >> 10`
+    /// ([`stacked_head_of_row`]), exact for every group, without a division on a CTA's start.
+    pub group_reciprocal: u32,
+}
+
+/// `ceil(1024 / group)`, [`DecodeParams::group_reciprocal`].
+pub const fn group_reciprocal(group: u32) -> u32 {
+    1024u32.div_ceil(if group == 0 { 1 } else { group })
+}
+
+/// `row / group` for `row < 32`, from `group_reciprocal(group)`: `row · ceil(1024 / group)`
+/// exceeds `1024 · row / group` by less than `32 / 1024`, too little to reach the next multiple
+/// of 1024 whatever the group.
+pub const fn stacked_head_of_row(row: u32, group_reciprocal: u32) -> u32 {
+    (row * group_reciprocal) >> 10
 }
 
 /// `DecodeParams::window_left` without a window.
@@ -228,6 +244,56 @@ pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
 
 /// Most query heads a CTA of stacked KV heads covers: one 16-row query tile.
 pub const STACKED_MAX_HEADS: u32 = 16;
+
+impl MmaTiling {
+    /// Most 16-row query tiles a CTA holds: its `heads_per_cta`, or one tile of stacked KV heads
+    /// ([`STACKED_MAX_HEADS`]).
+    pub const fn max_q_tiles(&self) -> u32 {
+        self.heads_per_cta.div_ceil(16)
+    }
+
+    /// The roles of warp `warp` of a CTA with `q_tiles` query tiles (`1..=max_q_tiles()`):
+    /// query tile `warp % q_tiles`, 16-token block phase `(warp / q_tiles) % phases` and
+    /// output-column part `warp / q_tiles / phases`, `phases = 4 / q_tiles / d_parts`. A warp
+    /// whose `d_part` is past `d_parts` has no role. The tilings that stack KV heads hold one or
+    /// two query tiles: a shift and a multiply, not the division that would otherwise sit
+    /// between a lean CTA's wait and its first copies. (The standard tilings divide: ptxas
+    /// schedules it before the wait there, and their d256 split builds spill without it.)
+    pub const fn warp_roles(&self, warp: u32, q_tiles: u32) -> WarpRoles {
+        let warps = DECODE_THREADS / 32;
+        if !self.stacks_heads {
+            let phases = warps / q_tiles / self.d_parts;
+            return WarpRoles {
+                q_tile: warp % q_tiles,
+                phase: (warp / q_tiles) % phases,
+                phases,
+                d_part: warp / q_tiles / phases,
+            };
+        }
+        let rest = div_small(warp, q_tiles);
+        let phases = div_small(warps, q_tiles) / self.d_parts;
+        let d_part = div_small(rest, phases);
+        WarpRoles { q_tile: warp - rest * q_tiles, phase: rest - d_part * phases, phases, d_part }
+    }
+}
+
+/// `n / d` for `n ≤ 8` and `d` in `1..=4`: `n · ceil(128 / d) / 128`, exact in that range.
+const fn div_small(n: u32, d: u32) -> u32 {
+    const RECIPROCALS: u32 = 128 | (64 << 8) | (43 << 16) | (32 << 24);
+    (n * ((RECIPROCALS >> (d.wrapping_sub(1).wrapping_mul(8) & 31)) & 0xff)) >> 7
+}
+
+/// A warp's share of a tensor-core decode CTA ([`MmaTiling::warp_roles`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WarpRoles {
+    /// The query tile whose 16 rows the warp's fragments hold.
+    pub q_tile: u32,
+    /// The warp takes 16-token blocks `phase, phase + phases, …` of each tile.
+    pub phase: u32,
+    pub phases: u32,
+    /// The warp's output columns: part `d_part` of `d_parts`.
+    pub d_part: u32,
+}
 
 /// The lean tiling over an 8-bit cache (head_dim 64 and 128): the 16-bit lean tiling's tokens
 /// per tile (4 KB of K and of V per stage), so that a CTA needs about 33 KB of shared memory and,
