@@ -307,9 +307,10 @@ pub struct PlanPreference {
     /// (`q`, the K/V store, the page table) is seen complete. Ignored before sm_90.
     pub programmatic_launch: bool,
     /// With [`Self::programmatic_launch`]: the caller's promise that lets the CTAs read the page
-    /// table before waiting for the previous kernel, which takes about a microsecond (the page
-    /// lookups' dependent loads) off every launch; see [`StablePageTable`]. `None` (the default):
-    /// every read waits.
+    /// table (and prefetch their first K/V tiles into L2) before waiting for the previous kernel.
+    /// On the H200 that takes 0.9 µs off a one-token launch (3.0 → 2.1 µs) and 2–3 µs off a
+    /// 125 µs one: the page lookups' dependent loads overlap that kernel's tail. See
+    /// [`StablePageTable`]. `None` (the default): every read waits.
     pub stable_page_table: Option<StablePageTable>,
     /// Chunks per request at equal lengths (`1..=MAX_SPLITS`) instead of the plan's rule, which
     /// derives it from the SM count and the batch's CTA count. The kernel still partitions
