@@ -1,6 +1,7 @@
 //! `cargo bench`: the shape-table benchmark (graph replay, median), by running `paged-decode
-//! bench`. Set `PAGED_DECODE_SHAPES` to use another table; results go to `target/bench.json` and
-//! `target/bench.svg`.
+//! bench`. Set `PAGED_DECODE_SHAPES` to use another table and `PAGED_DECODE_BENCH_ARGS` for more
+//! `bench` arguments (e.g. `--stable-page-table`, the scoreboards' launch); results go to
+//! `target/bench.json` and `target/bench.svg`.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
         .arg(target.join("bench.json"))
         .arg("--plot")
         .arg(target.join("bench.svg"))
+        .args(std::env::var("PAGED_DECODE_BENCH_ARGS").unwrap_or_default().split_whitespace())
         .status();
     match status {
         Ok(s) if s.success() => ExitCode::SUCCESS,
