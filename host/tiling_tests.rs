@@ -25,7 +25,10 @@ fn warp_roles_match_their_definition() {
     let warps = DECODE_THREADS / 32;
     for (name, t) in tilings() {
         assert!((1..=warps).contains(&t.max_q_tiles()), "{name}: {} query tiles", t.max_q_tiles());
-        assert!(!t.stacks_heads || t.max_q_tiles() <= 2, "{name}: the shifts need one or two query tiles");
+        assert!(
+            !t.stacks_heads || t.max_q_tiles() <= 2,
+            "{name}: stacked rows need one or two query tiles (stacked_head_of_row)"
+        );
         for q_tiles in 1..=t.max_q_tiles() {
             let phases = warps / q_tiles / t.d_parts;
             assert!(phases >= 1, "{name}, {q_tiles} query tiles: no phase");

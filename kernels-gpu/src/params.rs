@@ -256,9 +256,9 @@ impl MmaTiling {
     /// query tile `warp % q_tiles`, 16-token block phase `(warp / q_tiles) % phases` and
     /// output-column part `warp / q_tiles / phases`, `phases = 4 / q_tiles / d_parts`. A warp
     /// whose `d_part` is past `d_parts` has no role. The tilings that stack KV heads hold one or
-    /// two query tiles: a shift and a multiply, not the division that would otherwise sit
-    /// between a lean CTA's wait and its first copies. (The standard tilings divide: ptxas
-    /// schedules it before the wait there, and their d256 split builds spill without it.)
+    /// two query tiles: reciprocal multiplies ([`div_small`]), not the division that would
+    /// otherwise sit between a lean CTA's wait and its first copies. (The standard tilings
+    /// divide: their soft-capped d256 split builds spill with the multiplies.)
     pub const fn warp_roles(&self, warp: u32, q_tiles: u32) -> WarpRoles {
         let warps = DECODE_THREADS / 32;
         if !self.stacks_heads {
