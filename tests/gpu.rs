@@ -553,7 +553,8 @@ fn chained_decodes_see_the_previous_kernels_output() {
 /// (programmatic launch, no [`StablePageTable`] promise). That kernel, a long decode still running
 /// when the second one's CTAs start, writes its `lse`, which the second decode reads as its
 /// `last_page_len`: a placeholder of 1 before, huge lengths after, which the kernels clamp to full
-/// pages. The second decode must give the result of the full pages: for the lean kernel, the
+/// pages. The second decode must give the result of the full pages on every path its shapes take
+/// (it prints them): the lean kernel, the small batches' whole-request or split kernels, the
 /// split kernel deriving the partition in every CTA, and the schedule kernel's partition.
 #[test]
 fn page_table_written_by_the_previous_kernel() {
@@ -567,7 +568,7 @@ fn page_table_written_by_the_previous_kernel() {
     let mut writer_buf = DeviceProblem::upload(s, &writer, writer_plan.workspace_size()).unwrap();
     let placeholder = vec![f32::from_bits(1); writer_buf.lse.len()];
     let mut paths = Vec::new();
-    for (batch, len) in [(32, 64), (4, 4096), (64, 2048)] {
+    for (batch, len) in [(32, 64), (2, 128), (8, 512), (4, 4096), (64, 2048)] {
         // Full last pages: the table the writer leaves.
         let spec = ProblemSpec { seed: 91, ..ProblemSpec::uniform(batch, len, 16, 4, 128, 16) };
         let host = HostProblem::<f16>::random(&spec).unwrap();
