@@ -141,18 +141,24 @@ struct DecodeEntries {
     schedule: Option<&'static str>,
     /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
     lean: Option<String>,
+    /// Default programmatic launches over a 16-bit cache with plain logits: the entries of the
+    /// whole kernel and of the lean one that guess their page lookup ([`entry::decode_guess`]).
+    guess_whole: Option<String>,
+    guess_lean: Option<String>,
 }
 
 impl DecodeEntries {
     /// The entries of `config` for `q` of type `q_element` (the cache's element type, or f16 / bf16
     /// over an 8-bit cache); with a logits soft-cap, the soft-cap ones (which have no lean
-    /// kernel).
+    /// kernel). `guessing`: a programmatic launch without the page-table promise, which loads
+    /// the guessing entries where there are some.
     fn of(
         config: &DecodeConfig,
         desc: &BatchPagedDecodeDescriptor,
         variant: &AttentionVariantDescriptor,
         pref: &PlanPreference,
         q_element: ElementKind,
+        guessing: bool,
     ) -> Self {
         let soft_cap = variant.logits_soft_cap.is_some();
         let (cache, d) = (desc.paged_kv.element, desc.paged_kv.head_dim as u32);
@@ -162,16 +168,26 @@ impl DecodeEntries {
             None => entry::decode(config.kernel, v, cache, d),
         };
         let split = config.is_split();
+        let lean = config.lean.filter(|_| pref.lean_max_avg_tokens != Some(0) && !soft_cap);
+        let guess =
+            guessing && config.kernel == DecodeKernel::Mma && cache.fp8_layout().is_none() && !soft_cap;
         Self {
             decode: name(if split { DecodeVariant::Split } else { DecodeVariant::Whole }),
             whole: split.then(|| name(DecodeVariant::Whole)),
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
-            lean: config
-                .lean
-                .filter(|_| pref.lean_max_avg_tokens != Some(0) && !soft_cap)
-                .map(|_| name(DecodeVariant::Lean)),
+            lean: lean.map(|_| name(DecodeVariant::Lean)),
+            guess_whole: guess.then(|| entry::decode_guess(DecodeVariant::Whole, cache, d)),
+            guess_lean: lean.filter(|_| guess).map(|_| entry::decode_guess(DecodeVariant::Lean, cache, d)),
         }
     }
+}
+
+/// One decode launch of `run`: its kernel and grid, and whether the kernel guesses its page
+/// lookup.
+struct Launch<'a> {
+    kernel: &'a CudaFunction,
+    config: LaunchConfig,
+    guessing: bool,
 }
 
 /// Batched decode over a paged K/V store: q and o of type `T`, K and V of `C` (`T` itself, or
@@ -192,6 +208,14 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     schedule_fn: Option<CudaFunction>,
     /// The lean kernel, for short requests ([`DecodeConfig::lean`]).
     lean_fn: Option<CudaFunction>,
+    /// The whole and lean kernels that guess their page lookup before the wait, launched instead
+    /// of `whole_fn` (or the unsplit `decode_fn`) and `lean_fn` when their grid has at most
+    /// `guess_max_ctas` CTAs.
+    guess_whole_fn: Option<CudaFunction>,
+    guess_lean_fn: Option<CudaFunction>,
+    /// The SM count: in a launch of at most one CTA per SM, every CTA starts under the previous
+    /// kernel and few CTAs read each page-table line.
+    guess_max_ctas: u32,
     check_fn: CudaFunction,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
     programmatic: bool,
@@ -327,7 +351,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         if C::CACHE_KIND.fp8_layout().is_some() && variant.logits_soft_cap.is_some() {
             return Err(Error::Unsupported("a logits soft-cap over an 8-bit cache".into()));
         }
-        let mut entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND);
+        let programmatic =
+            pref.programmatic_launch && ptx::supports_programmatic_launch(props.compute_capability);
+        let guessing = programmatic && pref.stable_page_table.is_none();
+        let mut entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
         let mut decode_fn = device::function(ctx, &entries.decode, config.smem_bytes)?;
         // The rule sized the wave by shared memory; if the loaded kernel's registers hold fewer
         // CTAs per SM, choose again for the wave that is really resident (once: the entry the
@@ -340,7 +367,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             )?;
             if resident > 0 && resident < config.ctas_per_sm(&props) {
                 config = configure_within(resident)?;
-                entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND);
+                entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
                 decode_fn = device::function(ctx, &entries.decode, config.smem_bytes)?;
             }
         }
@@ -356,12 +383,21 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
             _ => None,
         };
-        let programmatic =
-            pref.programmatic_launch && ptx::supports_programmatic_launch(props.compute_capability);
+        let guess_whole_fn = match &entries.guess_whole {
+            Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
+            None => None,
+        };
+        let guess_lean_fn = match (config.lean, &entries.guess_lean) {
+            (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
+            _ => None,
+        };
         Ok(Self {
             whole_fn,
             schedule_fn,
             lean_fn,
+            guess_whole_fn,
+            guess_lean_fn,
+            guess_max_ctas: props.sm_count,
             desc: *desc,
             variant: *variant,
             config,
@@ -628,35 +664,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 (self.desc.num_qo_heads / kv.num_kv_heads.max(1)).max(1) as u32,
             ),
         };
-        // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
-        // block: one per request unless the requests are split.
-        let (decode_fn, head_blocks, smem_bytes) =
-            match (path, self.config.lean, &self.lean_fn, &self.whole_fn) {
-                (DecodePath::Lean, Some(lean), Some(lean_fn), _) => {
-                    (lean_fn, lean.head_blocks, lean.smem_bytes)
-                }
-                (DecodePath::Whole, _, _, Some(whole)) => {
-                    (whole, self.config.head_blocks, self.config.smem_bytes)
-                }
-                _ => (&self.decode_fn, self.config.head_blocks, self.config.smem_bytes),
-            };
-        let head_blocks = (kv.num_kv_heads as u32 * head_blocks) >> stack_shift;
-        let chunks = if split {
-            self.config.launched_chunks(&self.desc, num_indices as usize)
-        } else {
-            self.desc.batch_size as u32
-        };
-        let cfg = LaunchConfig {
-            // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
-            // otherwise x runs over the chunks (the requests, unsplit).
-            grid_dim: if split && heads_along_x {
-                (head_blocks, chunks, 1)
-            } else {
-                (chunks, head_blocks, 1)
-            },
-            block_dim: (params::DECODE_THREADS, 1, 1),
-            shared_mem_bytes: smem_bytes,
-        };
+        let Launch { kernel: decode_fn, config: cfg, .. } =
+            self.launch_for(path, stack_shift, num_indices as usize);
         if let (true, Some(schedule)) = (scheduled, &self.schedule_fn) {
             let one_cta = LaunchConfig {
                 grid_dim: (1, 1, 1),
@@ -672,6 +681,57 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         // descriptor, and the workspace holds `workspace_size()` bytes; `programmatic` implies
         // the sm_90 PTX.
         unsafe { device::launch(stream, decode_fn, cfg, &p, self.programmatic) }
+    }
+
+    /// Whether `run` launches, for a page table of `num_indices` slots, an entry that guesses its
+    /// page lookup before waiting for the previous kernel (and confirms it after the wait): a
+    /// programmatic launch without [`PlanPreference::stable_page_table`], over a 16-bit cache
+    /// with plain logits, of requests in one chunk each, whose grid has at most one CTA per SM.
+    pub fn guesses_page_lookup(&self, num_indices: usize) -> bool {
+        let path = self.path(num_indices);
+        self.launch_for(path, self.stack_shift(path, num_indices), num_indices).guessing
+    }
+
+    /// The kernel and grid of `run`'s decode launch on `path`.
+    fn launch_for(&self, path: DecodePath, stack_shift: u32, num_indices: usize) -> Launch<'_> {
+        let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
+        // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
+        // block: one per request unless the requests are split.
+        let (kernel, head_blocks, smem_bytes) = match (path, self.config.lean, &self.lean_fn, &self.whole_fn)
+        {
+            (DecodePath::Lean, Some(lean), Some(lean_fn), _) => (lean_fn, lean.head_blocks, lean.smem_bytes),
+            (DecodePath::Whole, _, _, Some(whole)) => {
+                (whole, self.config.head_blocks, self.config.smem_bytes)
+            }
+            _ => (&self.decode_fn, self.config.head_blocks, self.config.smem_bytes),
+        };
+        let head_blocks = (self.desc.paged_kv.num_kv_heads as u32 * head_blocks) >> stack_shift;
+        let chunks = if split {
+            self.config.launched_chunks(&self.desc, num_indices)
+        } else {
+            self.desc.batch_size as u32
+        };
+        let config = LaunchConfig {
+            // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
+            // otherwise x runs over the chunks (the requests, unsplit).
+            grid_dim: if split && self.config.heads_along_x {
+                (head_blocks, chunks, 1)
+            } else {
+                (chunks, head_blocks, 1)
+            },
+            block_dim: (params::DECODE_THREADS, 1, 1),
+            shared_mem_bytes: smem_bytes,
+        };
+        // A whole-request launch of at most one CTA per SM takes the entry that guesses its page
+        // lookup before the wait, where one is loaded.
+        let ctas = config.grid_dim.0 as u64 * config.grid_dim.1 as u64;
+        let guessing_kernel = match path {
+            _ if ctas > self.guess_max_ctas as u64 => None,
+            DecodePath::Lean => self.guess_lean_fn.as_ref(),
+            DecodePath::Whole => self.guess_whole_fn.as_ref(),
+            DecodePath::Split | DecodePath::Scheduled => None,
+        };
+        Launch { kernel: guessing_kernel.unwrap_or(kernel), config, guessing: guessing_kernel.is_some() }
     }
 
     /// The kernel `run` launches for a page table of `num_indices` slots
@@ -801,15 +861,25 @@ mod tests {
                                 continue; // no soft-cap over 8-bit caches
                             }
                             let variant = AttentionVariantDescriptor { logits_soft_cap, window_left: None };
-                            let e = DecodeEntries::of(&config, &desc, &variant, pref, q);
-                            let names =
-                                [Some(e.decode.as_str()), e.whole.as_deref(), e.schedule, e.lean.as_deref()];
-                            for name in names.into_iter().flatten() {
-                                assert!(
-                                    shipped.contains(&name),
-                                    "{name} ({desc:?}, {pref:?}) is not in the PTX"
-                                );
-                                loaded.insert(name.to_owned());
+                            // Programmatic launches (the sm_90 build) without the promise
+                            // also load the guessing entries.
+                            for guessing in [false, fp8_builds] {
+                                let e = DecodeEntries::of(&config, &desc, &variant, pref, q, guessing);
+                                let names = [
+                                    Some(e.decode.as_str()),
+                                    e.whole.as_deref(),
+                                    e.schedule,
+                                    e.lean.as_deref(),
+                                    e.guess_whole.as_deref(),
+                                    e.guess_lean.as_deref(),
+                                ];
+                                for name in names.into_iter().flatten() {
+                                    assert!(
+                                        shipped.contains(&name),
+                                        "{name} ({desc:?}, {pref:?}) is not in the PTX"
+                                    );
+                                    loaded.insert(name.to_owned());
+                                }
                             }
                         }
                     }

@@ -52,7 +52,11 @@
 //!   the stream finishes. It waits for that kernel (`griddepcontrol.wait`) before any read,
 //!   unless the caller promised that kernel does not write the page table
 //!   (`p.early_page_table`): then the CTA reads the page table first (chunk bounds, the first
-//!   tiles' page rows) and, in the first wave, prefetches its first tiles into L2. Q, K/V and
+//!   tiles' page rows) and, in the first wave, prefetches its first tiles into L2. Without the
+//!   promise, the guessing entries (`GUESS`, whole requests; the host launches them when the
+//!   grid has at most one CTA per SM) read the same lookup before the wait as a guess, through
+//!   L2 only, issue the first copies from it right after the wait, and confirm it by reading it
+//!   again; a changed lookup restarts the first tiles from the confirmed values. Q, K/V and
 //!   every write come after the wait either way. The dependents' launch is allowed right after
 //!   the wait.
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
@@ -66,10 +70,12 @@ use crate::fp8_operands as fp8;
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{
-    DECODE_THREADS, DecodeParams, MmaTiling, WarpRoles, fp8_lean_tiling, fp8_tiling, lean_tiling,
+    DECODE_THREADS, DecodeParams, MAX_STAGES, MmaTiling, WarpRoles, fp8_lean_tiling, fp8_tiling, lean_tiling,
     stacked_head_of_row, standard_tiling,
 };
-use crate::partition::{Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request};
+use crate::partition::{
+    Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request, whole_request_through_l2,
+};
 use crate::variant::{Logits, with_sink};
 
 pub(crate) const WARPS: u32 = DECODE_THREADS / 32;
@@ -215,11 +221,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let tile_shift = tile_tokens.trailing_zeros();
         let seg_shift = tile_shift.saturating_sub(head_shift).max(4);
         let group_shift = head_shift - (tile_shift - seg_shift);
-        let tiles = if V::T.stacks_heads {
-            (chunk.end - chunk.begin).div_ceil(1 << seg_shift) << group_shift
-        } else {
-            (chunk.end - chunk.begin).div_ceil(tile_tokens)
-        };
+        let tiles = Self::tiles_of(chunk, seg_shift, group_shift);
         let column = tid % columns;
         let first_row = tid / columns;
         let ring = stages_smem + stages * 2 * tile_bytes;
@@ -245,6 +247,25 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
             policy,
             tiling,
         }
+    }
+
+    /// Pipeline tiles of `chunk` (token segments × head groups).
+    #[inline(always)]
+    fn tiles_of(chunk: &Chunk, seg_shift: u32, group_shift: u32) -> u32 {
+        if V::T.stacks_heads {
+            (chunk.end - chunk.begin).div_ceil(1 << seg_shift) << group_shift
+        } else {
+            (chunk.end - chunk.begin).div_ceil(V::T.tile_tokens)
+        }
+    }
+
+    /// This pipeline moved to `chunk` (of the same request): its L2 policy is kept, since a
+    /// `createpolicy` ptxas sees only on a rarely taken path it may drop, leaving the copies a
+    /// descriptor nothing wrote (the check in `tests/ptx.rs`).
+    #[inline(always)]
+    fn rebind(&mut self, chunk: &Chunk) {
+        (self.begin, self.end) = (chunk.begin, chunk.end);
+        self.tiles = Self::tiles_of(chunk, self.seg_shift, self.group_shift);
     }
 
     /// The token segment and first stacked head of tile `tile`.
@@ -378,6 +399,33 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     }
 }
 
+/// A whole request's page lookup read after `griddepcontrol.wait`, to confirm the one guessed
+/// before it: the request's bounds and this thread's page ids of the first `stages` tiles (those
+/// of the guessed bounds' tiles).
+struct Confirmation {
+    chunk: Chunk,
+    pages: [i32; MAX_STAGES as usize],
+}
+
+impl Confirmation {
+    /// No confirmation yet.
+    const NONE: Confirmation = Confirmation { chunk: Chunk::EMPTY, pages: [0; MAX_STAGES as usize] };
+
+    /// Whether the guess (`chunk`, and `pages` of its first `stages` tiles) was right.
+    #[inline(always)]
+    fn matches(&self, chunk: &Chunk, pages: &[i32; MAX_STAGES as usize], stages: u32) -> bool {
+        let c = &self.chunk;
+        let mut same = c.begin == chunk.begin
+            && c.end == chunk.end
+            && c.first_index == chunk.first_index
+            && c.num_pages == chunk.num_pages;
+        for s in 0..stages {
+            same &= self.pages[s as usize] == pages[s as usize];
+        }
+        same
+    }
+}
+
 /// Tensor-core decode for 16-bit elements: one CTA per (chunk, KV head, head block), see the
 /// [module docs](self).
 ///
@@ -417,6 +465,7 @@ pub unsafe fn decode_mma<
     const SPLIT: bool,
     const MERGE_BATCH: usize,
     L: Logits,
+    const GUESS: bool,
 >(
     p: &DecodeParams,
 ) {
@@ -425,7 +474,13 @@ pub unsafe fn decode_mma<
     const { assert!(V::T.kv_bytes == if C::FP8 { 1 } else { 2 }) };
     // One thread per tile row resolves page lookups.
     const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
-    wait_unless_page_table_stable(p);
+    // Without the caller's promise, a CTA waits before any read of the page table, or, in a
+    // guessing entry (`GUESS`: whole requests, sm_90), guesses its page lookup (below).
+    const { assert!(!GUESS || (!SPLIT && cfg!(target_feature = "sm_90"))) };
+    let guess = GUESS;
+    if !guess {
+        wait_unless_page_table_stable(p);
+    }
     let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
     let heads_per_cta = V::T.heads_per_cta;
     let d_parts = V::T.d_parts;
@@ -452,41 +507,77 @@ pub unsafe fn decode_mma<
     let columns = D / 8; // 16-byte columns per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
-    let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
-    let Some(chunk) = chunk else { return };
+    // A guessed page lookup is read before the wait through L2 only (so that no line of the
+    // page table stays in L1 for a read after the wait to hit), confirmed after the wait by the
+    // same loads while the first copies, issued from the guess, are in flight, and redone from
+    // the confirming values when the previous kernel changed it.
+    let chunk = if SPLIT {
+        unsafe { find_chunk(p, item) }
+    } else if guess {
+        Some(unsafe { whole_request_through_l2(p, item) })
+    } else {
+        Some(unsafe { whole_request(p, item) })
+    };
+    let Some(mut chunk) = chunk else { return };
     let request = chunk.request;
 
     // The K/V pipeline. Its page-lookup steps stay closures here: the shipped PTX depends on
     // LLVM inlining them late, as closures are.
-    let kv = KvPipeline::<D, V>::new(p, &chunk, kv_smem, tid);
-    let n_tiles = kv.tiles;
-    // Page id of this thread's row of tile `tile`.
-    let load_page = |tile: u32| -> i32 {
+    let mut kv = KvPipeline::<D, V>::new(p, &chunk, kv_smem, tid);
+    let mut n_tiles = kv.tiles;
+    // Page id of this thread's row of tile `tile` of `chunk` (0 past the chunk), and the same
+    // read through L2 only, for a guess.
+    let load_page = |kv: &KvPipeline<D, V>, chunk: &Chunk, tile: u32| -> i32 {
         let seg = kv.segment(tile);
         if kv.row_valid(&seg, tid) {
-            let (idx, _) = page_slot(p, &chunk, kv.row_token(&seg, tid));
+            let (idx, _) = page_slot(p, chunk, kv.row_token(&seg, tid));
             unsafe { ld_nc_i32((p.indices as *const i32).add(idx as usize)) }
         } else {
             0
         }
     };
-    // Resolves `page` into the store row of this thread's row of tile `tile`, parked in the ring.
-    let park_row = |tile: u32, page: i32| {
+    let guess_page = |kv: &KvPipeline<D, V>, chunk: &Chunk, tile: u32| -> i32 {
+        let seg = kv.segment(tile);
+        if kv.row_valid(&seg, tid) {
+            let (idx, _) = page_slot(p, chunk, kv.row_token(&seg, tid));
+            unsafe { ld_cg_i32((p.indices as *const i32).add(idx as usize)) }
+        } else {
+            0
+        }
+    };
+    // Resolves `page` into the store row of this thread's row of tile `tile` of `chunk`, parked
+    // in the ring.
+    let park_row = |kv: &KvPipeline<D, V>, chunk: &Chunk, tile: u32, page: i32| {
         if tid < tile_tokens {
             let seg = kv.segment(tile);
             let row = if kv.row_valid(&seg, tid) {
                 let head = kv_head + kv.row_head(&seg, tid);
-                page_row(p, page, head, page_slot(p, &chunk, kv.row_token(&seg, tid)).1)
+                page_row(p, page, head, page_slot(p, chunk, kv.row_token(&seg, tid)).1)
             } else {
                 0
             };
             unsafe { st_shared_u32(kv.ring + ((tile % stages) * tile_tokens + tid) * 4, row) };
         }
     };
-    for s in 0..stages - 1 {
-        park_row(s, load_page(s));
+    // The first tiles' page ids: a guess's all loaded before any is parked, and kept to be
+    // compared after the wait.
+    let mut first_pages = [0i32; MAX_STAGES as usize];
+    const { assert!(V::T.stages <= MAX_STAGES) };
+    let mut pending_page;
+    if guess {
+        for s in 0..stages {
+            first_pages[s as usize] = guess_page(&kv, &chunk, s);
+        }
+        for s in 0..stages - 1 {
+            park_row(&kv, &chunk, s, first_pages[s as usize]);
+        }
+        pending_page = first_pages[(stages - 1) as usize];
+    } else {
+        for s in 0..stages - 1 {
+            park_row(&kv, &chunk, s, load_page(&kv, &chunk, s));
+        }
+        pending_page = load_page(&kv, &chunk, stages - 1);
     }
-    let mut pending_page = load_page(stages - 1);
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read; the
@@ -494,6 +585,7 @@ pub unsafe fn decode_mma<
     unsafe { kv.prefetch_first_tiles(p) };
     grid_dependency_wait();
     allow_dependent_launch();
+
     // Lean 16-bit entries: Q → shared by `cp.async` in the first tiles' group, which the main
     // loop waits for before its first tile (the other entries load it through registers below).
     let q_async = const { V::T.stacks_heads && !C::FP8 };
@@ -521,6 +613,15 @@ pub unsafe fn decode_mma<
         }
         cp_async_commit();
     }
+    // The guess's confirmation, loaded once the first copies are issued (so that the loaded
+    // values need no registers across them) and compared below.
+    let mut confirmed = Confirmation::NONE;
+    if guess {
+        confirmed.chunk = unsafe { whole_request(p, item) };
+        for s in 0..stages {
+            confirmed.pages[s as usize] = load_page(&kv, &chunk, s);
+        }
+    }
     // Q → shared (rows past the group are zero), while the first tiles are in flight. An 8-bit
     // cache also keeps each row's logit factor, after the page-row ring.
     let row_scales = kv.ring + stages * tile_tokens * 4;
@@ -540,6 +641,31 @@ pub unsafe fn decode_mma<
             };
             unsafe { st_shared_v4(q_smem + swizzle::<D>(r, c), v) };
             idx += DECODE_THREADS;
+        }
+    }
+    if guess && sync_threads_or(!confirmed.matches(&chunk, &first_pages, stages)) {
+        // The previous kernel changed this request's page lookup: once the copies from the guess
+        // have landed (Q's among them), the first tiles again from the values read after the wait.
+        // Out of line, so that the code of the usual path runs on without a jump over it.
+        core::hint::cold_path();
+        cp_async_wait::<0>();
+        sync_threads();
+        chunk = confirmed.chunk;
+        kv.rebind(&chunk);
+        n_tiles = kv.tiles;
+        for s in 0..stages {
+            first_pages[s as usize] = load_page(&kv, &chunk, s);
+        }
+        for s in 0..stages - 1 {
+            park_row(&kv, &chunk, s, first_pages[s as usize]);
+        }
+        pending_page = first_pages[(stages - 1) as usize];
+        sync_threads();
+        for s in 0..stages - 1 {
+            if s < n_tiles {
+                unsafe { kv.issue(s) };
+            }
+            cp_async_commit();
         }
     }
     if !q_async {
@@ -591,7 +717,7 @@ pub unsafe fn decode_mma<
     // tile after it); then each warp attends to its 16-token blocks of the tile.
     for tile in 0..n_tiles {
         let next = tile + stages - 1;
-        park_row(next, pending_page);
+        park_row(&kv, &chunk, next, pending_page);
         // Tile `tile` has landed for every thread, every warp is done with tile - 1 (whose
         // stage the next copies overwrite), and the rows of tile `next` are parked.
         cp_async_wait_dyn(stages - 2);
@@ -600,7 +726,7 @@ pub unsafe fn decode_mma<
             unsafe { kv.issue(next) };
         }
         cp_async_commit();
-        pending_page = load_page(next + 1);
+        pending_page = load_page(&kv, &chunk, next + 1);
 
         let (k_tile, v_tile) = kv.stage(tile);
         let seg = kv.segment(tile);

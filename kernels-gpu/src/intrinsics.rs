@@ -458,6 +458,19 @@ pub fn grid_dim_y() -> u32 {
     unsafe { nvptx::_grid_dim_y() as u32 }
 }
 
+/// `ld.global.cg.b32`: an i32 through L2 only, leaving no line in L1.
+///
+/// # Safety
+/// `p` is a 4-byte-aligned global address of 4 readable bytes of a live allocation.
+#[inline(always)]
+pub unsafe fn ld_cg_i32(p: *const i32) -> i32 {
+    let v: u32;
+    unsafe {
+        asm!("ld.global.cg.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p, options(nostack, readonly))
+    };
+    v as i32
+}
+
 /// Read-only global load of an i32.
 ///
 /// # Safety

@@ -28,7 +28,11 @@
 //!   `[0, num_total_pages)` and in-page positions below `page_size`. The split variants also
 //!   write the partial `(O, lse)` rows of their item (`< num_chunks`, the workspace's extent)
 //!   and one `[ticket, done]` counter pair per (request, KV head, head block) of split-KV
-//!   state, which is zero before the launch and left zero after it.
+//!   state, which is zero before the launch and left zero after it. The guessing entries
+//!   (`decode_mma_guess_*`) also read `indptr`, `last_page_len` and `indices` before
+//!   `griddepcontrol.wait`, while the previous kernel may still write them: those values only
+//!   choose (clamped) addresses to fetch first, and every value the result depends on is read
+//!   again after the wait.
 //! - `append_*`: reads one `key` / `value` row per (request, KV head) of the grid; writes one
 //!   row of each store, and only after checking `0 ≤ indptr[b] < indptr[b + 1] ≤ num_indices`,
 //!   `last_page_len[b] ∈ [1, page_size]` and the page id in `[0, num_total_pages)`; otherwise
@@ -74,9 +78,12 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 /// The tensor-core decode entry `$name` over the K/V cache format `$cache` ([`cache::KvCache`]).
 macro_rules! decode_mma_entry {
     ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal) => {
-        decode_mma_entry!($name, $cache, $d, $tiling, $split, Plain);
+        decode_mma_entry!($name, $cache, $d, $tiling, $split, Plain, false);
     };
     ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident) => {
+        decode_mma_entry!($name, $cache, $d, $tiling, $split, $logits, false);
+    };
+    ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident, $guess:literal) => {
         /// # Safety
         /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
@@ -92,6 +99,7 @@ macro_rules! decode_mma_entry {
                     $split,
                     { decode_merge_batch($d) as usize },
                     $logits,
+                    $guess,
                 >(&p)
             }
         }
@@ -114,6 +122,29 @@ decode_mma_entry!(decode_mma_lean_f16_d64, Native<F16>, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_f16_d128, Native<F16>, 128, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d64, Native<BF16>, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d128, Native<BF16>, 128, Lean, false);
+
+/// Whole-request entries that guess their page lookup before `griddepcontrol.wait` (the
+/// default programmatic launch of at most one CTA per SM; see `decode::decode_mma`), for the
+/// 16-bit caches with plain logits: sm_90 only, where CTAs start under the previous kernel.
+#[cfg(target_feature = "sm_90")]
+mod guess_entries {
+    use crate::cache::Native;
+    use crate::decode::{self, Lean, Standard, Tiling};
+    use crate::element::{BF16, F16};
+    use crate::params::{DecodeParams, decode_merge_batch};
+    use crate::variant::Plain;
+
+    decode_mma_entry!(decode_mma_guess_f16_d64, Native<F16>, 64, Standard, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_f16_d128, Native<F16>, 128, Standard, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_f16_d256, Native<F16>, 256, Standard, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_bf16_d64, Native<BF16>, 64, Standard, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_bf16_d128, Native<BF16>, 128, Standard, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_bf16_d256, Native<BF16>, 256, Standard, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_lean_f16_d64, Native<F16>, 64, Lean, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_lean_f16_d128, Native<F16>, 128, Lean, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_lean_bf16_d64, Native<BF16>, 64, Lean, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_lean_bf16_d128, Native<BF16>, 128, Lean, false, Plain, true);
+}
 
 /// Tensor-core decode over an 8-bit cache (`cvt.rn.f16x2.e4m3x2` needs sm_89: the sm_90 build
 /// only).

@@ -180,6 +180,8 @@ pub mod check_code {
 
 /// Threads per CTA of the decode kernels.
 pub const DECODE_THREADS: u32 = 128;
+/// The deepest pipeline of any [`MmaTiling`] (the 8-bit tilings' four stages).
+pub const MAX_STAGES: u32 = 4;
 /// Tiling of the tensor-core decode kernel: what one CTA holds and how its warps share it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTiling {

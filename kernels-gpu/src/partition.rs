@@ -56,6 +56,10 @@ pub struct Chunk {
 }
 
 impl Chunk {
+    /// No tokens of request 0.
+    pub const EMPTY: Chunk =
+        Chunk { request: 0, begin: 0, end: 0, first_index: 0, num_pages: 0, first_item: 0, request_chunks: 1 };
+
     /// The chunk of item `item` of request `request` (`pages` as [`request_pages`] gives them),
     /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one shorter) of its
     /// window are the items from `first_item`.
@@ -81,12 +85,25 @@ impl Chunk {
 /// are clamped into range, so a corrupt page table yields garbage lengths, never a bad access.
 #[inline(always)]
 pub unsafe fn request_pages(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
+    unsafe { request_pages_read::<false>(p, b) }
+}
+
+/// A page-table entry, through L2 only (`ld.global.cg`) when `THROUGH_L2`, else read-only
+/// (`ld.global.nc`).
+#[inline(always)]
+unsafe fn load_table_entry<const THROUGH_L2: bool>(ptr: *const i32) -> i32 {
+    if THROUGH_L2 { unsafe { ld_cg_i32(ptr) } } else { unsafe { ld_nc_i32(ptr) } }
+}
+
+/// [`request_pages`], each entry read by [`load_table_entry`].
+#[inline(always)]
+unsafe fn request_pages_read<const THROUGH_L2: bool>(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
     let indptr = p.indptr as *const i32;
     let clamp = |v: i32| (v.max(0) as u32).min(p.num_indices);
-    let start = clamp(unsafe { ld_nc_i32(indptr.add(b as usize)) });
-    let stop = clamp(unsafe { ld_nc_i32(indptr.add(b as usize + 1)) }).max(start);
+    let start = clamp(unsafe { load_table_entry::<THROUGH_L2>(indptr.add(b as usize)) });
+    let stop = clamp(unsafe { load_table_entry::<THROUGH_L2>(indptr.add(b as usize + 1)) }).max(start);
     let num_pages = stop - start;
-    let last = unsafe { ld_nc_i32((p.last_page_len as *const i32).add(b as usize)) };
+    let last = unsafe { load_table_entry::<THROUGH_L2>((p.last_page_len as *const i32).add(b as usize)) };
     let last = (last.max(0) as u32).min(p.page_size);
     let len =
         if num_pages == 0 { 0 } else { (num_pages - 1).saturating_mul(p.page_size).saturating_add(last) };
@@ -97,6 +114,16 @@ pub unsafe fn request_pages(p: &DecodeParams, b: u32) -> (u32, u32, u32) {
 #[inline(always)]
 pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
     let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
+    let begin = window_start(p, len);
+    Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
+}
+
+/// [`whole_request`], its page table read through L2 only: a read before `griddepcontrol.wait`
+/// of lines the previous kernel may write must leave nothing in L1 that a read after the wait
+/// could hit.
+#[inline(always)]
+pub unsafe fn whole_request_through_l2(p: &DecodeParams, b: u32) -> Chunk {
+    let (first_index, num_pages, len) = unsafe { request_pages_read::<true>(p, b) };
     let begin = window_start(p, len);
     Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
 }
