@@ -141,8 +141,8 @@ struct DecodeEntries {
     schedule: Option<&'static str>,
     /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
     lean: Option<String>,
-    /// Default programmatic launches over a 16-bit cache with plain logits: the entries of the
-    /// whole kernel and of the lean one that guess their page lookup ([`entry::decode_guess`]).
+    /// Default programmatic launches with plain logits: the entries of the whole kernel and of
+    /// the lean one that guess their page lookup ([`entry::decode_guess`]).
     guess_whole: Option<String>,
     guess_lean: Option<String>,
 }
@@ -169,15 +169,16 @@ impl DecodeEntries {
         };
         let split = config.is_split();
         let lean = config.lean.filter(|_| pref.lean_max_avg_tokens != Some(0) && !soft_cap);
-        let guess =
-            guessing && config.kernel == DecodeKernel::Mma && cache.fp8_layout().is_none() && !soft_cap;
+        let guess = guessing && config.kernel == DecodeKernel::Mma && !soft_cap;
         Self {
             decode: name(if split { DecodeVariant::Split } else { DecodeVariant::Whole }),
             whole: split.then(|| name(DecodeVariant::Whole)),
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
             lean: lean.map(|_| name(DecodeVariant::Lean)),
-            guess_whole: guess.then(|| entry::decode_guess(DecodeVariant::Whole, cache, d)),
-            guess_lean: lean.filter(|_| guess).map(|_| entry::decode_guess(DecodeVariant::Lean, cache, d)),
+            guess_whole: guess.then(|| entry::decode_guess(DecodeVariant::Whole, q_element, cache, d)),
+            guess_lean: lean
+                .filter(|_| guess)
+                .map(|_| entry::decode_guess(DecodeVariant::Lean, q_element, cache, d)),
         }
     }
 }
@@ -685,8 +686,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
 
     /// Whether `run` launches, for a page table of `num_indices` slots, an entry that guesses its
     /// page lookup before waiting for the previous kernel (and confirms it after the wait): a
-    /// programmatic launch without [`PlanPreference::stable_page_table`], over a 16-bit cache
-    /// with plain logits, of requests in one chunk each, whose grid has at most one CTA per SM.
+    /// programmatic launch without [`PlanPreference::stable_page_table`], with plain logits, of
+    /// requests in one chunk each, whose grid has at most one CTA per SM.
     pub fn guesses_page_lookup(&self, num_indices: usize) -> bool {
         let path = self.path(num_indices);
         self.launch_for(path, self.stack_shift(path, num_indices), num_indices).guessing

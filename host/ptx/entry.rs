@@ -60,15 +60,20 @@ fn decode_name(
     format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
 }
 
-/// `decode_mma_guess[_lean]_{element}_d{head_dim}`: the whole-request tensor-core decode of a
-/// 16-bit cache with plain logits that guesses its page lookup before waiting for the previous
-/// kernel (sm_90 build only; [`DecodeVariant::Whole`] or [`DecodeVariant::Lean`]).
-pub fn decode_guess(variant: DecodeVariant, element: ElementKind, head_dim: u32) -> String {
+/// `decode_mma_guess[_lean]_{element}_d{head_dim}` (a 16-bit cache) or
+/// `decode_mma_guess[_lean]_{q}_{cache}_d{head_dim}` (an 8-bit one): the whole-request
+/// tensor-core decode with plain logits that guesses its page lookup before waiting for the
+/// previous kernel (sm_90 build only; [`DecodeVariant::Whole`] or [`DecodeVariant::Lean`]).
+pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
         DecodeVariant::Lean => "_lean",
         DecodeVariant::Whole | DecodeVariant::Split => "",
     };
-    format!("decode_mma_guess{variant}_{}_d{head_dim}", element_name(element))
+    let elements = match cache.fp8_layout() {
+        Some(_) => format!("{}_{}", element_name(q), element_name(cache)),
+        None => element_name(cache).to_owned(),
+    };
+    format!("decode_mma_guess{variant}_{elements}_d{head_dim}")
 }
 
 /// `decode_mma[_split|_lean]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16)
@@ -145,17 +150,23 @@ pub fn all() -> Vec<String> {
 }
 
 /// The entries of the sm_90 build only, in their order of definition: the guessing whole and
-/// lean entries ([`decode_guess`]) per 16-bit element type; the tensor-core decode over 8-bit
-/// caches, whole and split, per cache format, q type and head_dim; the lean ones at
-/// [`LEAN_HEAD_DIMS`]; then the quantizing appends.
+/// lean entries ([`decode_guess`]) per 16-bit element type, then per 8-bit cache format and q
+/// type; the tensor-core decode over 8-bit caches, whole and split, per cache format, q type and
+/// head_dim; the lean ones at [`LEAN_HEAD_DIMS`]; then the quantizing appends.
 pub fn sm90_only() -> Vec<String> {
     use DecodeVariant::{Lean, Split, Whole};
     let mut names = Vec::new();
     for element in [ElementKind::F16, ElementKind::BF16] {
-        names.extend(SUPPORTED_HEAD_DIMS.map(|d| decode_guess(Whole, element, d as u32)));
+        names.extend(SUPPORTED_HEAD_DIMS.map(|d| decode_guess(Whole, element, element, d as u32)));
     }
     for element in [ElementKind::F16, ElementKind::BF16] {
-        names.extend(LEAN_HEAD_DIMS.map(|d| decode_guess(Lean, element, d)));
+        names.extend(LEAN_HEAD_DIMS.map(|d| decode_guess(Lean, element, element, d)));
+    }
+    for cache in FP8_CACHE_ELEMENTS {
+        for q in FP8_Q_ELEMENTS {
+            names.extend(SUPPORTED_HEAD_DIMS.map(|d| decode_guess(Whole, q, cache, d as u32)));
+            names.extend(LEAN_HEAD_DIMS.map(|d| decode_guess(Lean, q, cache, d)));
+        }
     }
     for cache in FP8_CACHE_ELEMENTS {
         for q in FP8_Q_ELEMENTS {

@@ -124,12 +124,12 @@ decode_mma_entry!(decode_mma_lean_bf16_d64, Native<BF16>, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d128, Native<BF16>, 128, Lean, false);
 
 /// Whole-request entries that guess their page lookup before `griddepcontrol.wait` (the
-/// default programmatic launch of at most one CTA per SM; see `decode::decode_mma`), for the
-/// 16-bit caches with plain logits: sm_90 only, where CTAs start under the previous kernel.
+/// default programmatic launch of at most one CTA per SM; see `decode::decode_mma`), with plain
+/// logits: sm_90 only, where CTAs start under the previous kernel.
 #[cfg(target_feature = "sm_90")]
 mod guess_entries {
-    use crate::cache::Native;
-    use crate::decode::{self, Lean, Standard, Tiling};
+    use crate::cache::{E4M3, E5M2, Fp8, Native};
+    use crate::decode::{self, Fp8Lean, Fp8Standard, Lean, Standard, Tiling};
     use crate::element::{BF16, F16};
     use crate::params::{DecodeParams, decode_merge_batch};
     use crate::variant::Plain;
@@ -144,6 +144,30 @@ mod guess_entries {
     decode_mma_entry!(decode_mma_guess_lean_f16_d128, Native<F16>, 128, Lean, false, Plain, true);
     decode_mma_entry!(decode_mma_guess_lean_bf16_d64, Native<BF16>, 64, Lean, false, Plain, true);
     decode_mma_entry!(decode_mma_guess_lean_bf16_d128, Native<BF16>, 128, Lean, false, Plain, true);
+
+    /// The guessing entries of q type `$t` over the 8-bit cache `$code`: whole at every head_dim,
+    /// lean at 64 and 128.
+    macro_rules! decode_fp8_guess_entries {
+        ($($t:ty, $code:ty: $d64:ident, $d128:ident, $d256:ident, $lean64:ident, $lean128:ident;)*) => {
+            $(
+                decode_mma_entry!($d64, Fp8<$t, $code>, 64, Fp8Standard, false, Plain, true);
+                decode_mma_entry!($d128, Fp8<$t, $code>, 128, Fp8Standard, false, Plain, true);
+                decode_mma_entry!($d256, Fp8<$t, $code>, 256, Fp8Standard, false, Plain, true);
+                decode_mma_entry!($lean64, Fp8<$t, $code>, 64, Fp8Lean, false, Plain, true);
+                decode_mma_entry!($lean128, Fp8<$t, $code>, 128, Fp8Lean, false, Plain, true);
+            )*
+        };
+    }
+    decode_fp8_guess_entries! {
+        F16, E4M3: decode_mma_guess_f16_e4m3_d64, decode_mma_guess_f16_e4m3_d128, decode_mma_guess_f16_e4m3_d256,
+            decode_mma_guess_lean_f16_e4m3_d64, decode_mma_guess_lean_f16_e4m3_d128;
+        BF16, E4M3: decode_mma_guess_bf16_e4m3_d64, decode_mma_guess_bf16_e4m3_d128, decode_mma_guess_bf16_e4m3_d256,
+            decode_mma_guess_lean_bf16_e4m3_d64, decode_mma_guess_lean_bf16_e4m3_d128;
+        F16, E5M2: decode_mma_guess_f16_e5m2_d64, decode_mma_guess_f16_e5m2_d128, decode_mma_guess_f16_e5m2_d256,
+            decode_mma_guess_lean_f16_e5m2_d64, decode_mma_guess_lean_f16_e5m2_d128;
+        BF16, E5M2: decode_mma_guess_bf16_e5m2_d64, decode_mma_guess_bf16_e5m2_d128, decode_mma_guess_bf16_e5m2_d256,
+            decode_mma_guess_lean_bf16_e5m2_d64, decode_mma_guess_lean_bf16_e5m2_d128;
+    }
 }
 
 /// Tensor-core decode over an 8-bit cache (`cvt.rn.f16x2.e4m3x2` needs sm_89: the sm_90 build

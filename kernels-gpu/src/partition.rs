@@ -57,8 +57,15 @@ pub struct Chunk {
 
 impl Chunk {
     /// No tokens of request 0.
-    pub const EMPTY: Chunk =
-        Chunk { request: 0, begin: 0, end: 0, first_index: 0, num_pages: 0, first_item: 0, request_chunks: 1 };
+    pub const EMPTY: Chunk = Chunk {
+        request: 0,
+        begin: 0,
+        end: 0,
+        first_index: 0,
+        num_pages: 0,
+        first_item: 0,
+        request_chunks: 1,
+    };
 
     /// The chunk of item `item` of request `request` (`pages` as [`request_pages`] gives them),
     /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one shorter) of its
