@@ -4,15 +4,23 @@
 
 use proptest::prelude::*;
 
-use crate::chunking::{chunk_bounds, chunk_size, chunks_of, max_items, round16};
+use crate::chunking::{chunk_bounds, chunk_size, chunks_of, max_items, request_chunks, round16};
 use crate::params::MAX_CHUNKS_PER_REQUEST;
 use crate::plan::MAX_TABLE_TOKENS;
 
-/// (chunk size, chunks per request) as every CTA of the split kernel computes them.
-fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, balance: u32) -> (u32, Vec<u32>) {
+/// (chunk size, chunks per request) as every CTA of the split kernel computes them, requests of
+/// at most `unsplit` tokens kept whole.
+fn partition_keeping(
+    lens: &[u32],
+    num_chunks: u32,
+    min_chunk: u32,
+    preferred: u32,
+    balance: u32,
+    unsplit: u32,
+) -> (u32, Vec<u32>) {
     let total = lens.iter().map(|&l| l as u64).sum();
     let longest = lens.iter().copied().max().unwrap_or(0);
-    let chunks_needed = |c: u32| lens.iter().map(|&l| chunks_of(l, c) as u64).sum::<u64>();
+    let chunks_needed = |c: u32| lens.iter().map(|&l| request_chunks(l, c, unsplit) as u64).sum::<u64>();
     let (lo, hi) = chunk_bounds(total, longest, lens.len() as u32, num_chunks, min_chunk, preferred, balance);
     assert!(lo <= hi && lo.is_multiple_of(16) && hi.is_multiple_of(16), "bounds {lo} {hi}");
     let needed = chunks_needed(hi);
@@ -22,13 +30,20 @@ fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, bala
     // is one request: the same result.
     assert!(longest > lo || chunk == lo, "shortcut: lo {lo}, chunk {chunk}");
     assert!(lens.len() != 1 || chunk == lo, "single request: lo {lo}, chunk {chunk}");
-    (chunk, lens.iter().map(|&l| chunks_of(l, chunk)).collect())
+    (chunk, lens.iter().map(|&l| request_chunks(l, chunk, unsplit)).collect())
 }
 
-/// Whether chunks `[j·C, min((j + 1)·C, len))` for `j < n` are all non-empty and together
-/// exactly `[0, len)` (an empty request: any `n`).
+/// [`partition_keeping`] without whole requests (the f32 kernel's partition).
+fn partition(lens: &[u32], num_chunks: u32, min_chunk: u32, preferred: u32, balance: u32) -> (u32, Vec<u32>) {
+    partition_keeping(lens, num_chunks, min_chunk, preferred, balance, 0)
+}
+
+/// Whether chunks `[j·C, (j + 1)·C)` for `j < n - 1`, then `[(n - 1)·C, len)`, are all non-empty
+/// and, but for a request kept whole (`n = 1`), each at most `C` tokens (an empty request: any
+/// `n`).
 fn chunks_cover(len: u32, n: u32, chunk: u32) -> bool {
-    len == 0 || ((n - 1) as u64 * (chunk as u64) < len as u64 && len as u64 <= n as u64 * chunk as u64)
+    len == 0
+        || ((n - 1) as u64 * (chunk as u64) < len as u64 && (n == 1 || len as u64 <= n as u64 * chunk as u64))
 }
 
 #[test]
@@ -58,6 +73,26 @@ fn equal_lengths_get_num_splits_chunks_each() {
         let (chunk, n) = partition(&vec![len; batch], batch as u32 + 33, 64, 256, 33);
         assert!(chunk >= len && n.iter().all(|&n| n == 1), "{batch} × {len}: chunk {chunk}");
     }
+}
+
+#[test]
+fn requests_of_two_tiles_stay_whole() {
+    // 8 requests of 128 tokens in 32 chunks of at least 64: two chunks each, unless kept whole.
+    assert_eq!(partition(&[128; 8], 32, 64, 256, 0).1, [2; 8]);
+    assert_eq!(partition_keeping(&[128; 8], 32, 64, 256, 0, 128).1, [1; 8]);
+    // One token more and the request is split as before.
+    let kept = partition_keeping(&[129; 8], 32, 64, 256, 0, 128);
+    assert_eq!(kept, partition(&[129; 8], 32, 64, 256, 0));
+    assert_eq!(kept.1, [2; 8]);
+    // A long request among short ones keeps its chunks; the short ones stay whole either way.
+    let mut lens = vec![1009];
+    lens.extend([1; 15]);
+    let (chunk, n) = partition_keeping(&lens, 32, 64, 256, 0, 128);
+    assert_eq!((chunk, n[0]), (64, 16));
+    assert!(n[1..].iter().all(|&n| n == 1));
+    // Requests of 65–128 tokens next to a long one: whole, the long one still split.
+    let (_, n) = partition_keeping(&[500, 100, 120, 80], 16, 64, 256, 0, 128);
+    assert_eq!((n[0] > 1, &n[1..]), (true, &[1, 1, 1][..]));
 }
 
 #[test]
@@ -148,6 +183,7 @@ proptest! {
         balance in prop_oneof![Just(0u32), 1u32..600],
         tile in prop::sample::select(vec![32u32, 64, 128]),
         capacity_slack in prop_oneof![Just(0u64), 0u64..100, 0u64..1_000_000],
+        keep_whole in any::<bool>(),
     ) {
         let batch = lens.len() as u32;
         // Spare chunks: fewer than the batch, or a wave's worth with the balance bound.
@@ -157,7 +193,8 @@ proptest! {
             ((batch - 1) as f64 * spare_fraction) as u32
         };
         let num_chunks = batch * splits + spare;
-        let (chunk, n) = partition(&lens, num_chunks, tile, 4 * tile, balance);
+        let unsplit = if keep_whole { 2 * tile } else { 0 };
+        let (chunk, n) = partition_keeping(&lens, num_chunks, tile, 4 * tile, balance, unsplit);
         prop_assert!(chunk.is_multiple_of(16) && chunk >= tile);
         let used = n.iter().map(|&n| n as u64).sum::<u64>();
         prop_assert!(used <= num_chunks as u64);
@@ -167,6 +204,7 @@ proptest! {
         prop_assert!(used <= launched as u64, "{} chunks used, {} launched", used, launched);
         prop_assert!(launched >= batch && launched <= num_chunks);
         for (&len, &n) in lens.iter().zip(&n) {
+            prop_assert!(len > unsplit || n == 1, "len {} in {} chunks kept whole below {}", len, n, unsplit);
             prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);
             prop_assert!(chunks_cover(len, n, chunk), "len {} in {} chunks of {}", len, n, chunk);
         }

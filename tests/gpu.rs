@@ -271,6 +271,22 @@ fn decode_edge_cases() {
             },
         ),
         (
+            // Requests of 65–128 tokens in 64-token chunks, kept whole (one chunk longer than
+            // the chunk size) next to a split one; batch ≤ 32 (split) and 48 (scheduled).
+            "two-tile requests kept whole",
+            ProblemSpec {
+                lens: vec![65, 128, 100, 1000, 1, 127],
+                ..ProblemSpec::uniform(6, 0, 32, 8, 128, 16)
+            },
+        ),
+        (
+            "two-tile requests kept whole, scheduled",
+            ProblemSpec {
+                lens: (0..48).map(|i| [65, 128, 100, 300, 1, 127, 90, 0][i % 8]).collect(),
+                ..ProblemSpec::uniform(48, 0, 32, 8, 128, 16)
+            },
+        ),
+        (
             // 0.73 wave of per-request CTAs: spare chunks, head-major CTA order.
             "ragged batch within a wave",
             ProblemSpec {

@@ -664,6 +664,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             group_reciprocal: params::group_reciprocal(
                 (self.desc.num_qo_heads / kv.num_kv_heads.max(1)).max(1) as u32,
             ),
+            unsplit_max_tokens: self.config.unsplit_max_tokens().min(u32::MAX as u64) as u32,
         };
         let Launch { kernel: decode_fn, config: cfg, .. } =
             self.launch_for(path, stack_shift, num_indices as usize);

@@ -22,6 +22,15 @@ pub fn chunks_of(len: u32, chunk_tokens: u32) -> u32 {
     n.max(1)
 }
 
+/// Chunks a request of `len` tokens takes with chunk size `chunk_tokens`: one when it holds at
+/// most `unsplit_max_tokens` (two pipeline tiles of the tensor-core kernel: a merge would cost
+/// it more than the shorter chunks save; 0 for the f32 kernel), else [`chunks_of`]. Never more
+/// than `chunks_of`, and non-increasing in `chunk_tokens`, so every bound below still holds.
+#[inline(always)]
+pub fn request_chunks(len: u32, chunk_tokens: u32, unsplit_max_tokens: u32) -> u32 {
+    if len <= unsplit_max_tokens { 1 } else { chunks_of(len, chunk_tokens) }
+}
+
 /// `x` rounded up to a multiple of 16 tokens (saturating below `u32::MAX`).
 #[inline(always)]
 pub fn round16(x: u64) -> u32 {

@@ -882,14 +882,22 @@ pub unsafe fn decode_mma<
         return;
     }
     sync_threads();
-    // The lean entries (capped at 128 registers) derive the thread's coordinates again rather
-    // than keep them across the main loop.
-    let (tid, warp, frag_row, frag_col, q_tile) = if V::T.stacks_heads {
+    // The entries ptxas would otherwise spill in (`tests/ptx.rs`) derive the thread's
+    // coordinates again rather than keep them across the main loop: the lean ones (capped at 128
+    // registers) and the soft-capped head_dim-256 ones (at 255; these also their phase count,
+    // from a copy of `q_tiles` LLVM cannot see through). Not the other head_dim-256 entries,
+    // which do not spill and ran up to 9 % slower so (run 136), nor the sm_90 soft-capped split
+    // ones, which do not spill either.
+    let rederive =
+        V::T.stacks_heads || (D == 256 && L::SOFT_CAPPED && !(SPLIT && cfg!(target_feature = "sm_90")));
+    let (tid, warp, frag_row, frag_col, q_tile, phases) = if rederive {
         let tid = thread_idx_reread();
         let (lane, warp) = (tid % 32, tid / 32);
-        (tid, warp, lane / 4, lane % 4, warp % q_tiles)
+        let phases =
+            if V::T.stacks_heads { phases } else { V::T.warp_roles(warp, opaque_u32(q_tiles)).phases };
+        (tid, warp, lane / 4, lane % 4, warp % q_tiles, phases)
     } else {
-        (tid, warp, frag_row, frag_col, q_tile)
+        (tid, warp, frag_row, frag_col, q_tile, phases)
     };
 
     // Per-warp partials → shared (reusing the pipeline buffers): O[16][DW] f32 of the warp's own

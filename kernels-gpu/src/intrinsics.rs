@@ -21,6 +21,13 @@ pub fn thread_idx_reread() -> u32 {
     unsafe { asm!("mov.u32 {t}, %tid.x;", t = out(reg32) t, options(nomem, nostack, preserves_flags)) };
     t
 }
+/// `x` through an empty `asm!` that LLVM cannot look into nor merge with another: what is
+/// derived from the result is computed again where it is used, not kept from an earlier use.
+#[inline(always)]
+pub fn opaque_u32(mut x: u32) -> u32 {
+    unsafe { asm!("// opaque {x}", x = inout(reg32) x, options(nomem, nostack, preserves_flags)) };
+    x
+}
 #[inline(always)]
 pub fn block_idx() -> (u32, u32, u32) {
     unsafe { (nvptx::_block_idx_x() as u32, nvptx::_block_idx_y() as u32, nvptx::_block_idx_z() as u32) }

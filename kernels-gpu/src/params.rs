@@ -96,6 +96,9 @@ pub struct DecodeParams {
     /// stacked KV head of query row `r < 32` as `r · group_reciprocal >> 10`
     /// ([`stacked_head_of_row`]), exact for every group, without a division on a CTA's start.
     pub group_reciprocal: u32,
+    /// Requests of at most this many attended tokens take one chunk whatever the chunk size
+    /// ([`crate::chunking::request_chunks`]); 0: none.
+    pub unsplit_max_tokens: u32,
 }
 
 /// `ceil(1024 / group)`, [`DecodeParams::group_reciprocal`].

@@ -6,11 +6,14 @@
 //! - the chunk size `C` is a multiple of 16 tokens, at least `min_chunk`, `ceil(longest /
 //!   MAX_CHUNKS_PER_REQUEST)`, a wave's share `total / balance_items` (when set) and
 //!   `preferred_chunk` (unless that leaves fewer than half the items busy), near the smallest for
-//!   which `Σ_b max(1, ceil(len_b / C)) ≤ num_chunks`;
+//!   which `Σ_b n_b ≤ num_chunks`;
 //! - request `b` owns the consecutive items `[first_b, first_b + n_b)`, `n_b = max(1,
-//!   ceil(len_b / C))` (an empty request still owns one item, which writes its empty output);
+//!   ceil(len_b / C))` (an empty request still owns one item, which writes its empty output),
+//!   or `n_b = 1` when `len_b ≤ unsplit_max_tokens` (two tiles: its merge would cost more than
+//!   it saves);
 //! - CTA `x` along the grid's chunk dimension (see [`cta_coords`]) takes item `x`: tokens
-//!   `[(x - first_b)·C, …)` of request `b`; CTAs past the last item exit at once. The host
+//!   `[(x - first_b)·C, …)` of request `b`, the last item to the request's end; CTAs past the
+//!   last item exit at once. The host
 //!   launches only as many as the page table's slots can fill ([`crate::chunking::max_items`]),
 //!   and when a corrupt `indptr` claims more tokens than that, every CTA exits.
 //!
@@ -31,7 +34,7 @@
 //! `x` is request `x` and the search is skipped: one pass over the page table. A batch of one
 //! request needs neither search nor shuffles.
 
-use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
+use crate::chunking::{chunk_bounds, chunk_size, request_chunks};
 use crate::intrinsics::*;
 use crate::params::{DecodeParams, PARTITION_CACHED_BATCH};
 use crate::variant::{attended, window_start};
@@ -83,7 +86,10 @@ impl Chunk {
         let (first_index, num_pages, len) = pages;
         let skip = window_start(p, len);
         let begin = ((item - first_item) as u64 * chunk_tokens as u64).min((len - skip) as u64) as u32 + skip;
-        let end = begin.saturating_add(chunk_tokens).min(len);
+        // A request's last chunk runs to its end: a request kept whole (`request_chunks`) may be
+        // longer than `chunk_tokens`.
+        let last = item - first_item + 1 >= request_chunks;
+        let end = if last { len } else { begin.saturating_add(chunk_tokens).min(len) };
         Chunk { request, begin, end, first_index, num_pages, first_item, request_chunks }
     }
 }
@@ -228,7 +234,8 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     // Items needed with chunk size `c`.
     let items_with = |c: u32| {
         let mut n = 0u32;
-        each_request!(lane_requests, |_b, (_, _, len)| n += chunks_of(attended(p, len), c));
+        each_request!(lane_requests, |_b, (_, _, len)| n +=
+            request_chunks(attended(p, len), c, p.unsplit_max_tokens));
         warp_sum_u32(n)
     };
     let (lo, hi) =
@@ -241,7 +248,8 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
 
     // Prefix sum of the items over the lanes' request runs; the lane holding `item` broadcasts it.
     let mut mine = 0u32;
-    each_request!(lane_requests, |_b, (_, _, len)| mine += chunks_of(attended(p, len), chunk_tokens));
+    each_request!(lane_requests, |_b, (_, _, len)| mine +=
+        request_chunks(attended(p, len), chunk_tokens, p.unsplit_max_tokens));
     let mut inclusive = mine;
     for step in 0..5 {
         let d = 1 << step;
@@ -256,7 +264,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let mut before = inclusive - mine;
     let mut found = [0u32; 6];
     each_request!(lane_requests, |b, (first_index, num_pages, len)| {
-        let n = chunks_of(attended(p, len), chunk_tokens);
+        let n = request_chunks(attended(p, len), chunk_tokens, p.unsplit_max_tokens);
         if item >= before && item - before < n {
             found = [b, before, n, first_index, num_pages, len];
         }
@@ -284,11 +292,11 @@ unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let n = attended(p, len);
     let (chunk_tokens, _) =
         chunk_bounds(n as u64, n, 1, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
-    let request_chunks = chunks_of(n, chunk_tokens);
-    if item >= request_chunks {
+    let chunks = request_chunks(n, chunk_tokens, p.unsplit_max_tokens);
+    if item >= chunks {
         return None;
     }
-    Some(Chunk::of_item(p, 0, (first_index, num_pages, len), 0, request_chunks, chunk_tokens, item))
+    Some(Chunk::of_item(p, 0, (first_index, num_pages, len), 0, chunks, chunk_tokens, item))
 }
 
 /// The chunk of item `item` from the item map the schedule kernel wrote ([`crate::schedule`]),
@@ -309,7 +317,7 @@ pub unsafe fn mapped_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let first_item = unsafe { ld_cg_u32(pair.add(1)) }.min(item);
     let pages = unsafe { request_pages(p, request) };
     // At most the items left: partial rows stay inside the workspace whatever the map holds.
-    let request_chunks =
-        chunks_of(attended(p, pages.2), chunk_tokens).min(items.min(p.num_chunks) - first_item);
-    Some(Chunk::of_item(p, request, pages, first_item, request_chunks, chunk_tokens, item))
+    let chunks = request_chunks(attended(p, pages.2), chunk_tokens, p.unsplit_max_tokens)
+        .min(items.min(p.num_chunks) - first_item);
+    Some(Chunk::of_item(p, request, pages, first_item, chunks, chunk_tokens, item))
 }

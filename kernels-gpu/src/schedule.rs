@@ -25,7 +25,7 @@
 //! itself); the map is written after it, and the decode kernel reads it after its own wait,
 //! which returns only when this grid, and so the kernel before it, is done.
 
-use crate::chunking::{chunk_bounds, chunk_size, chunks_of};
+use crate::chunking::{chunk_bounds, chunk_size, request_chunks};
 use crate::intrinsics::*;
 use crate::params::{DecodeParams, SCHEDULE_THREADS};
 use crate::partition::{request_pages, wait_unless_page_table_stable};
@@ -153,20 +153,20 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
     let chunk_tokens = chunk_size(lo, hi, |c| {
         let mut n = 0u64;
         for b in first..first + count {
-            n += chunks_of(len(b), c) as u64;
+            n += request_chunks(len(b), c, p.unsplit_max_tokens) as u64;
         }
         pass += 1;
         block_sum_u64(n, 2 + pass % 2) <= p.num_chunks as u64
     });
     let mut mine = 0u32;
     for b in first..first + count {
-        mine += chunks_of(len(b), chunk_tokens);
+        mine += request_chunks(len(b), chunk_tokens, p.unsplit_max_tokens);
     }
     let mut before = block_exclusive_scan_u32(mine, 4);
     let items = block_sum_u64(mine as u64, 5) as u32;
     grid_dependency_wait();
     for b in first..first + count {
-        let n = chunks_of(len(b), chunk_tokens);
+        let n = request_chunks(len(b), chunk_tokens, p.unsplit_max_tokens);
         for i in 0..n {
             unsafe {
                 let pair = map.add(2 + 2 * (before + i) as usize);

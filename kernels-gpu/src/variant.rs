@@ -25,12 +25,15 @@ const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
 /// How a decode entry turns a score `q·k` into its base-2 logit (compile-time variant).
 pub trait Logits {
+    /// Whether the logit is soft-capped (its polynomial keeps more registers in the main loop).
+    const SOFT_CAPPED: bool;
     fn logit(p: &DecodeParams, score: f32) -> f32;
 }
 
 /// Plain attention: `sm_scale · log2(e) · q·k`.
 pub struct Plain;
 impl Logits for Plain {
+    const SOFT_CAPPED: bool = false;
     #[inline(always)]
     fn logit(p: &DecodeParams, score: f32) -> f32 {
         score * p.scale_log2
@@ -40,6 +43,7 @@ impl Logits for Plain {
 /// Logits soft-cap: `cap · log2(e) · tanh(q·k · sm_scale / cap)`.
 pub struct SoftCap;
 impl Logits for SoftCap {
+    const SOFT_CAPPED: bool = true;
     #[inline(always)]
     fn logit(p: &DecodeParams, score: f32) -> f32 {
         tanh(score * p.soft_cap_scale) * p.soft_cap_log2
