@@ -886,7 +886,7 @@ pub unsafe fn decode_mma<
     // coordinates again rather than keep them across the main loop: the lean ones (capped at 128
     // registers) and the soft-capped head_dim-256 ones (at 255; these also their phase count,
     // from a copy of `q_tiles` LLVM cannot see through). Not the other head_dim-256 entries,
-    // which do not spill and ran up to 9 % slower so (run 136), nor the sm_90 soft-capped split
+    // which do not spill and ran up to 7 % slower so (run 136), nor the sm_90 soft-capped split
     // ones, which do not spill either.
     let rederive =
         V::T.stacks_heads || (D == 256 && L::SOFT_CAPPED && !(SPLIT && cfg!(target_feature = "sm_90")));
