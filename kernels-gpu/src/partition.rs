@@ -13,9 +13,9 @@
 //!   it saves);
 //! - CTA `x` along the grid's chunk dimension (see [`cta_coords`]) takes item `x`: tokens
 //!   `[(x - first_b)·C, …)` of request `b`, the last item to the request's end; CTAs past the
-//!   last item exit at once. The host
-//!   launches only as many as the page table's slots can fill ([`crate::chunking::max_items`]),
-//!   and when a corrupt `indptr` claims more tokens than that, every CTA exits.
+//!   last item exit at once. The host launches only as many as the page table's slots can fill
+//!   ([`crate::chunking::max_items`]), and when a corrupt `indptr` claims more tokens than that,
+//!   every CTA exits.
 //!
 //! Long requests thus get more chunks than short ones, so the longest request no longer sets
 //! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets
@@ -71,7 +71,7 @@ impl Chunk {
     };
 
     /// The chunk of item `item` of request `request` (`pages` as [`request_pages`] gives them),
-    /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one shorter) of its
+    /// whose `request_chunks` chunks of `chunk_tokens` tokens (the last one to its end) of its
     /// window are the items from `first_item`.
     #[inline(always)]
     fn of_item(
