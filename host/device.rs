@@ -7,6 +7,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchCo
 use cudarc::nvrtc::Ptx;
 
 use crate::error::{Error, Result};
+use crate::types::ArchSku;
 
 /// True when the CUDA driver library can be loaded on this machine.
 pub fn driver_available() -> bool {
@@ -116,29 +117,36 @@ impl DeviceProps {
     }
 }
 
-/// The kernel module of one context, JIT-compiled on first use from the PTX its compute
-/// capability loads ([`crate::ptx::for_compute_capability`]).
-pub(crate) fn module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
-    static MODULES: Mutex<Vec<(usize, Arc<CudaModule>)>> = Mutex::new(Vec::new());
-    let key = ctx.cu_ctx() as usize;
+/// The kernel module of build `arch` in one context, JIT-compiled on first use
+/// ([`crate::ptx::of_build`]).
+pub(crate) fn module(ctx: &Arc<CudaContext>, arch: ArchSku) -> Result<Arc<CudaModule>> {
+    /// A context (its `CUcontext` as an address) and one of its builds.
+    type Key = (usize, ArchSku);
+    static MODULES: Mutex<Vec<(Key, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+    let key = (ctx.cu_ctx() as usize, arch);
     let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, m)) = cache.iter().find(|(k, _)| *k == key) {
         return Ok(m.clone());
     }
-    let cc = DeviceProps::query(ctx)?.compute_capability;
-    let m = ctx.load_module(Ptx::from_src(crate::ptx::for_compute_capability(cc)))?;
+    let m = ctx.load_module(Ptx::from_src(crate::ptx::of_build(arch)))?;
     cache.push((key, m.clone()));
     Ok(m)
 }
 
-/// Loads entry `name`, raising its dynamic shared-memory limit to `smem_bytes` when needed.
+/// Loads entry `name` of build `arch`, raising its dynamic shared-memory limit to `smem_bytes`
+/// when needed.
 ///
 /// The limit belongs to the context's function, which every plan loading the entry shares, so
 /// it only ever rises: a plan selected later with a smaller need must not lower it under an
 /// earlier plan's launches (they would fail with `CUDA_ERROR_INVALID_VALUE`).
-pub(crate) fn function(ctx: &Arc<CudaContext>, name: &str, smem_bytes: u32) -> Result<CudaFunction> {
+pub(crate) fn function(
+    ctx: &Arc<CudaContext>,
+    arch: ArchSku,
+    name: &str,
+    smem_bytes: u32,
+) -> Result<CudaFunction> {
     static RAISING: Mutex<()> = Mutex::new(());
-    let f = module(ctx)?.load_function(name)?;
+    let f = module(ctx, arch)?.load_function(name)?;
     if smem_bytes > 48 * 1024 {
         let limit =
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;

@@ -20,12 +20,24 @@ pub fn build_for(cc: (u32, u32)) -> ArchSku {
     if cc.0 >= 9 { ArchSku::Sm90 } else { ArchSku::Sm80 }
 }
 
-/// The PTX text of [`build_for`]`(cc)`.
-pub fn for_compute_capability(cc: (u32, u32)) -> &'static str {
-    match build_for(cc) {
+/// The build a plan loads on a device of compute capability `cc`: [`build_for`]`(cc)`, or the
+/// portable one where the caller turns the Hopper build off
+/// ([`PlanPreference::allow_sm90a`](crate::PlanPreference::allow_sm90a)).
+pub fn build_for_preference(cc: (u32, u32), allow_sm90a: bool) -> ArchSku {
+    if allow_sm90a { build_for(cc) } else { ArchSku::Sm80 }
+}
+
+/// The PTX text of build `arch`.
+pub fn of_build(arch: ArchSku) -> &'static str {
+    match arch {
         ArchSku::Sm90 => PTX_SM90,
         ArchSku::Sm80 => PTX,
     }
+}
+
+/// The PTX text of [`build_for`]`(cc)`.
+pub fn for_compute_capability(cc: (u32, u32)) -> &'static str {
+    of_build(build_for(cc))
 }
 
 /// Whether kernels loaded from [`for_compute_capability`] support programmatic dependent launch

@@ -293,7 +293,11 @@ pub struct PlanPreference {
     /// chunks) while their partials fit, so 0 selects a plan that needs no workspace; an explicit
     /// `num_splits` / `spare_chunks` needing more is refused.
     pub max_workspace_bytes: usize,
-    /// Accept Hopper-specific kernels when running on sm_90.
+    /// Load the Hopper build on sm_90 and newer (the default): the same kernels compiled for
+    /// sm_90, which also take part in programmatic dependent launch and hold the 8-bit cache
+    /// kernels. `false` loads the portable (sm_80) build on any device, through the driver's
+    /// JIT: no programmatic launch, no 8-bit cache (`select` refuses one). For comparisons and
+    /// for testing the portable build on a Hopper GPU.
     pub allow_sm90a: bool,
     /// Restrict selection to one backend.
     pub prefer_backend: Option<BackendKind>,
@@ -304,7 +308,8 @@ pub struct PlanPreference {
     /// On sm_90 and newer, launch the decode kernel as a programmatic dependent launch (on by
     /// default, as FlashInfer's `enable_pdl`): its CTAs start while the previous kernel in the
     /// stream finishes and wait for it before reading anything, so whatever that kernel writes
-    /// (`q`, the K/V store, the page table) is seen complete. Ignored before sm_90.
+    /// (`q`, the K/V store, the page table) is seen complete. Ignored before sm_90 and with
+    /// [`Self::allow_sm90a`] off.
     pub programmatic_launch: bool,
     /// With [`Self::programmatic_launch`]: the caller's promise that lets the CTAs read the page
     /// table (and prefetch their first K/V tiles into L2) before waiting for the previous kernel.

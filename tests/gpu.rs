@@ -166,6 +166,7 @@ fn decode_random_sweep() {
     let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
     let mut worst = [0f64; 3];
     let mut paths = std::collections::BTreeMap::new();
+    let mut portable_paths = std::collections::BTreeMap::new();
     std::thread::scope(|scope| {
         for w in 0..workers {
             let tx = tx.clone();
@@ -202,7 +203,14 @@ fn decode_random_sweep() {
             // Large batches of short requests take the lean kernel by the rule; one configuration
             // in four turns it off, so that they run the scheduled split kernels too.
             let lean_max_avg_tokens = if i % 4 == 3 { Some(0) } else { None };
-            let pref = PlanPreference { spare_chunks, lean_max_avg_tokens, ..PlanPreference::default() };
+            // One in five on the portable build, which an sm_90 device otherwise never runs.
+            let allow_sm90a = i % 5 != 4;
+            let pref = PlanPreference {
+                spare_chunks,
+                lean_max_avg_tokens,
+                allow_sm90a,
+                ..PlanPreference::default()
+            };
             let (err, _, path) = match &prepared {
                 Prepared::F16(h, r) => run_and_check(&dev, &what, h, r, pref),
                 Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r, pref),
@@ -215,10 +223,13 @@ fn decode_random_sweep() {
             };
             worst[k] = worst[k].max(err);
             *paths.entry(path.name()).or_insert(0usize) += 1;
+            if !allow_sm90a {
+                *portable_paths.entry(path.name()).or_insert(0usize) += 1;
+            }
         }
     });
     println!(
-        "decode_random_sweep: {configs} configurations passed ({paths:?}); worst rel err f16 {:.2e}, bf16 {:.2e}, f32 {:.2e}",
+        "decode_random_sweep: {configs} configurations passed ({paths:?}; on the portable build {portable_paths:?}); worst rel err f16 {:.2e}, bf16 {:.2e}, f32 {:.2e}",
         worst[0], worst[1], worst[2]
     );
     // A full sweep takes every kernel path.
@@ -1083,6 +1094,49 @@ fn tracked_device_orders_runs_across_streams() {
         check(&format!("round {round}: decode on stream B of stream A's output"), &spec, &o, &lse, &want);
     }
     println!("stream B waited for stream A's writes of its queries in {rounds} rounds");
+}
+
+/// `allow_sm90a: false` loads the portable build on any device: the plan says so, its kernels
+/// match the reference on every path, and it refuses what only the sm_90 build holds (8-bit
+/// caches, quantizing appends).
+#[test]
+fn portable_build_on_request() {
+    let Some(dev) = device("portable_build_on_request") else { return };
+    let portable = PlanPreference { allow_sm90a: false, ..PlanPreference::default() };
+    let cases = [
+        ("ragged", with_lens(vec![0, 1, 300, 2000, 17], 32, 8, 128, 16), portable),
+        ("split", with_lens(vec![4000, 9], 8, 1, 64, 16), portable),
+        ("lean", ProblemSpec::uniform(2048, 16, 32, 8, 128, 16), portable),
+        (
+            "scheduled",
+            ProblemSpec::uniform(2048, 40, 16, 2, 256, 8),
+            PlanPreference { lean_max_avg_tokens: Some(0), ..portable },
+        ),
+    ];
+    for (i, (name, spec, pref)) in cases.into_iter().enumerate() {
+        let spec = ProblemSpec { seed: 4100 + i as u64, ..spec };
+        let host = HostProblem::<f16>::random(&spec).unwrap();
+        let r = host.reference().unwrap();
+        let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, pref).unwrap();
+        assert_eq!(plan.sku().arch, paged_decode::ArchSku::Sm80, "{name}: the plan loaded the sm_90 build");
+        let (err, _, path) = run_and_check(&dev, &format!("portable {name}"), &host, &r, pref);
+        println!("portable_build_on_request: {name} [{}] rel err {err:.2e}", path.name());
+    }
+    let spec = ProblemSpec { seed: 4200, ..with_lens(vec![3, 70], 8, 2, 128, 16) };
+    let fp8 = HostProblem::<f16, F8E4M3>::random(&spec).unwrap();
+    let refused = BatchPagedDecodePlan::<f16, F8E4M3>::select(&dev.stream, &fp8.desc, portable);
+    assert!(
+        matches!(refused, Err(Error::Unsupported(_))),
+        "an 8-bit cache on the portable build: {:?}",
+        refused.err()
+    );
+    let append = PagedKvAppendDescriptor { batch_size: 2, paged_kv: fp8.desc.paged_kv };
+    let refused = PagedKvAppendPlan::<f16, F8E4M3>::select(&dev.stream, &append, portable);
+    assert!(
+        matches!(refused, Err(Error::Unsupported(_))),
+        "a quantizing append on the portable build: {:?}",
+        refused.err()
+    );
 }
 
 /// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.

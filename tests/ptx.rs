@@ -43,6 +43,12 @@ fn only_the_sm90_build_uses_programmatic_launch() {
     assert!(ptx::PTX_SM90.contains("griddepcontrol.wait;"));
     assert!(ptx::PTX_SM90.contains("griddepcontrol.launch_dependents;"));
     assert!(ptx::supports_programmatic_launch((9, 0)) && !ptx::supports_programmatic_launch((8, 9)));
+    // `allow_sm90a: false` loads the portable build everywhere.
+    use paged_decode::ArchSku;
+    assert_eq!(ptx::build_for_preference((9, 0), true), ArchSku::Sm90);
+    assert_eq!(ptx::build_for_preference((9, 0), false), ArchSku::Sm80);
+    assert_eq!(ptx::build_for_preference((8, 6), true), ArchSku::Sm80);
+    assert_eq!(ptx::of_build(ArchSku::Sm80), ptx::PTX);
 }
 
 /// Machine code the split merge and the length-aware partition may add to an entry.

@@ -255,12 +255,14 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         }
         let ctx = stream.context();
         let props = DeviceProps::query(ctx)?;
-        let arch = ptx::build_for(props.compute_capability);
+        let arch = ptx::build_for_preference(props.compute_capability, pref.allow_sm90a);
         let name = if Self::QUANTIZES {
             if arch != ArchSku::Sm90 {
                 return Err(Error::Unsupported(format!(
-                    "quantizing into an 8-bit store on compute capability {}.{}; sm_90 or newer is required",
-                    props.compute_capability.0, props.compute_capability.1
+                    "quantizing into an 8-bit store on compute capability {}.{}{}; the sm_90 build (sm_90 or newer) is required",
+                    props.compute_capability.0,
+                    props.compute_capability.1,
+                    if pref.allow_sm90a { "" } else { " with allow_sm90a off" }
                 )));
             }
             entry::append_quantized(T::CACHE_KIND, C::CACHE_KIND)
@@ -273,8 +275,8 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             desc: *desc,
             pref,
             arch,
-            append_fn: device::function(ctx, &name, 0)?,
-            check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
+            append_fn: device::function(ctx, arch, &name, 0)?,
+            check_fn: device::function(ctx, arch, entry::CHECK_PAGE_TABLE, 0)?,
             ctx: ctx.clone(),
             _t: PhantomData,
         })

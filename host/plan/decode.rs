@@ -342,21 +342,22 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             Ok(DecodeConfig { window_left: variant.window_left, ..configure(desc, &props, &pref, resident)? })
         };
         let mut config = configure_within(u32::MAX)?;
-        let arch = ptx::build_for(props.compute_capability);
+        let arch = ptx::build_for_preference(props.compute_capability, pref.allow_sm90a);
         if C::CACHE_KIND.fp8_layout().is_some() && arch != ArchSku::Sm90 {
             return Err(Error::Unsupported(format!(
-                "an 8-bit K/V cache on compute capability {}.{}; sm_90 or newer is required",
-                props.compute_capability.0, props.compute_capability.1
+                "an 8-bit K/V cache on compute capability {}.{}{}; the sm_90 build (sm_90 or newer) is required",
+                props.compute_capability.0,
+                props.compute_capability.1,
+                if pref.allow_sm90a { "" } else { " with allow_sm90a off" }
             )));
         }
         if C::CACHE_KIND.fp8_layout().is_some() && variant.logits_soft_cap.is_some() {
             return Err(Error::Unsupported("a logits soft-cap over an 8-bit cache".into()));
         }
-        let programmatic =
-            pref.programmatic_launch && ptx::supports_programmatic_launch(props.compute_capability);
+        let programmatic = pref.programmatic_launch && arch == ArchSku::Sm90;
         let guessing = programmatic && pref.stable_page_table.is_none();
         let mut entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
-        let mut decode_fn = device::function(ctx, &entries.decode, config.smem_bytes)?;
+        let mut decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
         // The rule sized the wave by shared memory; if the loaded kernel's registers hold fewer
         // CTAs per SM, choose again for the wave that is really resident (once: the entry the
         // second choice loads differs from the first by a few registers at most).
@@ -369,27 +370,27 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             if resident > 0 && resident < config.ctas_per_sm(&props) {
                 config = configure_within(resident)?;
                 entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
-                decode_fn = device::function(ctx, &entries.decode, config.smem_bytes)?;
+                decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
             }
         }
         let whole_fn = match &entries.whole {
-            Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
+            Some(name) => Some(device::function(ctx, arch, name, config.smem_bytes)?),
             None => None,
         };
         let schedule_fn = match entries.schedule {
-            Some(name) => Some(device::function(ctx, name, params::SCHEDULE_SMEM_BYTES)?),
+            Some(name) => Some(device::function(ctx, arch, name, params::SCHEDULE_SMEM_BYTES)?),
             None => None,
         };
         let lean_fn = match (config.lean, &entries.lean) {
-            (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
+            (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
             _ => None,
         };
         let guess_whole_fn = match &entries.guess_whole {
-            Some(name) => Some(device::function(ctx, name, config.smem_bytes)?),
+            Some(name) => Some(device::function(ctx, arch, name, config.smem_bytes)?),
             None => None,
         };
         let guess_lean_fn = match (config.lean, &entries.guess_lean) {
-            (Some(lean), Some(name)) => Some(device::function(ctx, name, lean.smem_bytes)?),
+            (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
             _ => None,
         };
         Ok(Self {
@@ -407,7 +408,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             early_page_table: programmatic && pref.stable_page_table.is_some(),
             arch,
             decode_fn,
-            check_fn: device::function(ctx, entry::CHECK_PAGE_TABLE, 0)?,
+            check_fn: device::function(ctx, arch, entry::CHECK_PAGE_TABLE, 0)?,
             ctx: ctx.clone(),
             _t: PhantomData,
         })
