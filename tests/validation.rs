@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use paged_decode::device::{DeviceProps, driver_available};
-use paged_decode::plan::{DecodeConfig, LEAN_MAX_AVG_TOKENS, MAX_SPLITS, STACK_MAX_TOKENS};
+use paged_decode::plan::{DecodeConfig, LEAN_MAX_AVG_TOKENS, MAX_SPLITS, Residency, STACK_MAX_TOKENS};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
     Device, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
@@ -783,6 +783,25 @@ fn launched_chunks_follow_the_page_table_capacity() {
     assert_eq!((cfg.launched_chunks(&wide, 1), cfg.launched_chunks(&wide, 1 << 20)), (64, 97));
 }
 
+/// Whole requests with spare chunks within one poorly filled wave: head-major CTA order, but
+/// chunk-major (their CTAs first) when they leave a CTA slot free on every SM, which only
+/// entries of three or more CTAs per SM allow.
+#[test]
+fn spare_chunk_order_within_one_wave() {
+    let order = |element, b, d| {
+        let desc = decode_desc(element, b, 32, 8, d);
+        let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        assert!(cfg.num_splits == 1 && cfg.spare_chunks > 0, "{element:?} b {b} d {d}: {cfg:?}");
+        cfg.heads_along_x
+    };
+    // Two CTAs per SM: 17–32 requests × 8 KV heads fill more than one slot per SM.
+    assert!(!order(ElementKind::F16, 24, 128));
+    // Three per SM (8-bit cache, head_dim 64): 26–33 requests leave one free, 34–41 do not.
+    for (b, chunk_major) in [(26, true), (33, true), (34, false), (41, false)] {
+        assert_eq!(order(ElementKind::E4M3, b, 64), chunk_major, "b {b}");
+    }
+}
+
 /// Spare chunks on request (`PlanPreference::spare_chunks`): beyond a wave, chunks of a wave's
 /// share in chunk-major CTA order; within one wave of unsplit requests, head-major.
 #[test]
@@ -958,6 +977,31 @@ fn fp8_cache_descriptors() {
     assert!(!resident.is_split(), "{resident:?}");
     // A residency above what shared memory allows changes nothing.
     assert_eq!(DecodeConfig::choose_resident(&b32, &H200, usize::MAX, 5).unwrap(), by_smem);
+    // Entries of one cache whose registers hold different waves (the head_dim-256 ones: split
+    // three CTAs per SM, unsplit two). The split count and the spare chunks follow the split
+    // entry's wave; whole requests without spare chunks need one chunk per request to fill both
+    // waves well, which 0.85 × 396 > 264 rules out here.
+    let two_waves = |b: i32| {
+        let desc = decode_desc(ElementKind::E4M3, b, 32, 8, 256);
+        let config =
+            DecodeConfig::choose_residency(&desc, &H200, usize::MAX, Residency { split: 3, whole: 2 })
+                .unwrap();
+        assert_eq!(config.wave_ctas, 3 * 132, "b {b}");
+        let split_only = DecodeConfig::choose_resident(&desc, &H200, usize::MAX, 3).unwrap();
+        (config, split_only)
+    };
+    for b in [1, 8, 16, 24, 29, 32, 64, 128] {
+        let (config, split_only) = two_waves(b);
+        assert_eq!(config, split_only, "b {b}");
+    }
+    for b in [43, 45, 49] {
+        // 344–392 CTAs: one well-filled split wave, 1.3–1.5 unsplit ones. Whole requests with
+        // spare chunks, one split wave; neither the unsplit kernel nor a split count sized by
+        // the unsplit entry's wave (what one residency for both entries gave).
+        let (config, split_only) = two_waves(b);
+        assert!(!split_only.is_split(), "b {b}: {split_only:?}");
+        assert!(config.num_splits == 1 && config.spare_chunks > 0, "b {b}: {config:?}");
+    }
     // Quantizing appends: f16 / bf16 tokens into 8-bit stores, codes into stores of codes.
     let a4 = append_desc(ElementKind::E4M3, 4, 8, 128);
     PagedKvAppendPlan::<f16, F8E4M3>::check_descriptor(&a4).unwrap();

@@ -63,6 +63,26 @@ pub enum DecodeKernel {
     Simt,
 }
 
+/// CTAs per SM that a plan's decode entries can keep resident, as the driver's occupancy
+/// calculator reports them ([`DecodeConfig::choose_residency`]); shared memory may allow more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Residency {
+    /// The split entry (split and scheduled paths, spare chunks).
+    pub split: u32,
+    /// The unsplit entry (whole path).
+    pub whole: u32,
+}
+
+impl Residency {
+    /// No bound beyond shared memory.
+    pub const UNBOUNDED: Self = Self::both(u32::MAX);
+
+    /// The same bound for both entries.
+    pub const fn both(ctas_per_sm: u32) -> Self {
+        Self { split: ctas_per_sm, whole: ctas_per_sm }
+    }
+}
+
 /// Launch configuration chosen by rule from the descriptor and the device (never from lengths,
 /// which live on the device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,7 +277,7 @@ impl DecodeConfig {
     /// by [`MAX_SPLITS`], the grid and `max_workspace_bytes`.
     ///
     /// One wave is `sm_count` times the CTAs per SM that shared memory allows; see
-    /// [`Self::choose_resident`] for a kernel whose registers allow fewer.
+    /// [`Self::choose_residency`] for entries whose registers allow fewer.
     ///
     /// A descriptor `select` would reject gets the same typed error here.
     pub fn choose(
@@ -265,27 +285,48 @@ impl DecodeConfig {
         props: &DeviceProps,
         max_workspace_bytes: usize,
     ) -> Result<Self> {
-        Self::choose_resident(desc, props, max_workspace_bytes, u32::MAX)
+        Self::choose_residency(desc, props, max_workspace_bytes, Residency::UNBOUNDED)
     }
 
     /// [`Self::choose`] for a tensor-core kernel of which at most `resident_per_sm` CTAs fit on
-    /// an SM (what the driver's occupancy calculator reports for the loaded entry: its register
-    /// count, which the driver's JIT decides, may hold fewer CTAs than shared memory does). A
-    /// wave sized by CTAs that cannot be resident would leave a partial second wave. The f32
-    /// CUDA-core kernel's wave stays at 16 CTAs per SM, as `select` asks the driver only for the
-    /// tensor-core kernels (its 61 registers hold 8; not yet measured either way).
+    /// an SM, for its split and its unsplit entry alike ([`Self::choose_residency`]).
     pub fn choose_resident(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
         max_workspace_bytes: usize,
         resident_per_sm: u32,
     ) -> Result<Self> {
+        Self::choose_residency(desc, props, max_workspace_bytes, Residency::both(resident_per_sm))
+    }
+
+    /// [`Self::choose`] for tensor-core entries of which at most `residency` CTAs fit on an SM
+    /// (what the driver's occupancy calculator reports for the loaded entries: their register
+    /// counts, which the driver's JIT decides, may hold fewer CTAs than shared memory does). A
+    /// wave sized by CTAs that cannot be resident would leave a partial second wave.
+    ///
+    /// Two waves, one per entry. The split count and the spare chunks are sized by the split
+    /// entry's (`wave_ctas`, the kernel that runs them); whole requests without spare chunks
+    /// need one chunk per request to fill one wave of each entry well (the unsplit kernel runs
+    /// them, and equal residencies make this the one-wave rule). They differ where the 8-bit
+    /// head_dim-256 entries assemble to different register counts (split three CTAs per SM,
+    /// unsplit two): batches of 43–49 requests × 8 KV heads then take one split wave of whole
+    /// requests with spare chunks, where one residency for both entries gave two splits sized
+    /// by the unsplit wave (0.96–0.98× the time at equal lengths, 1.04–1.06× with one 32k-token
+    /// request among 2k ones, run 145).
+    /// The f32 CUDA-core kernel's wave stays at 16 CTAs per SM, as `select` asks the driver only
+    /// for the tensor-core kernels (its 61 registers hold 8; not yet measured either way).
+    pub fn choose_residency(
+        desc: &BatchPagedDecodeDescriptor,
+        props: &DeviceProps,
+        max_workspace_bytes: usize,
+        residency: Residency,
+    ) -> Result<Self> {
         check_decode_descriptor(desc)?;
         let kv = &desc.paged_kv;
         let group = (desc.num_qo_heads / kv.num_kv_heads) as u32;
         let d = kv.head_dim as u32;
-        let (kernel, head_blocks, q_tiles, smem_bytes, ctas_per_sm) = match kv.element {
-            ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, 16),
+        let (kernel, head_blocks, q_tiles, smem_bytes, per_sm) = match kv.element {
+            ElementKind::F32 => (DecodeKernel::Simt, 1, 0, 0, Residency::both(16)),
             element => {
                 let tiling = if element.fp8_layout().is_some() {
                     params::fp8_tiling(d)
@@ -302,12 +343,16 @@ impl DecodeConfig {
                         props.smem_per_block_optin
                     )));
                 }
-                let per_sm = ctas_per_sm_by_smem(props, smem).min(resident_per_sm).clamp(1, 16);
+                let by_smem = ctas_per_sm_by_smem(props, smem);
+                let per_sm = |resident: u32| by_smem.min(resident).clamp(1, 16);
+                let per_sm = Residency { split: per_sm(residency.split), whole: per_sm(residency.whole) };
                 (DecodeKernel::Mma, head_blocks, q_tiles, smem, per_sm)
             }
         };
-        let wave = props.sm_count.max(1) as u64 * ctas_per_sm as u64;
-        let efficiency = |ctas: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
+        let sm_count = props.sm_count.max(1) as u64;
+        let wave = sm_count * per_sm.split as u64;
+        let whole_wave = sm_count * per_sm.whole as u64;
+        let efficiency = |ctas: u64, wave: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
         let min_chunk = match kernel {
             DecodeKernel::Mma => params::standard_tiling(d).tile_tokens,
             DecodeKernel::Simt => 64,
@@ -345,16 +390,20 @@ impl DecodeConfig {
             let num_splits = (1..=most).rev().find(|&s| s == 1 || fits(s)).unwrap_or(1);
             return Ok(Self { num_splits, ..probe });
         }
-        if efficiency(base) >= WAVE_EFFICIENCY {
-            // A well-filled wave, or several: one chunk per request at equal lengths. Past one
-            // wave, a wave's worth of spare chunks lets a long request be cut to a wave's share
-            // (`total / wave_chunks` tokens), which then exceeds the average length, so equal
-            // lengths stay whole; within one wave it would split them.
-            if base > wave {
-                let with_spare = probe.with_spare(desc, probe.wave_chunks(desc));
-                if with_spare.fits(desc, max_workspace_bytes) {
-                    return Ok(with_spare);
-                }
+        let one_well_filled = |wave: u64| base <= wave && efficiency(base, wave) >= WAVE_EFFICIENCY;
+        if one_well_filled(whole_wave) && one_well_filled(wave) {
+            // One chunk per request fills one wave of either kernel well: no spare chunks
+            // (within one wave they would split equal lengths). Filling the unsplit wave alone
+            // is not enough: the unsplit kernel would then run a long request whole (run 144).
+            return Ok(probe);
+        }
+        if base > wave && efficiency(base, wave) >= WAVE_EFFICIENCY {
+            // Several well-filled waves: one chunk per request at equal lengths, and a wave's
+            // worth of spare chunks that cut a long request to a wave's share (`total /
+            // wave_chunks` tokens, which exceeds the average length, so equal lengths stay whole).
+            let with_spare = probe.with_spare(desc, probe.wave_chunks(desc));
+            if with_spare.fits(desc, max_workspace_bytes) {
+                return Ok(with_spare);
             }
             return Ok(probe);
         }
@@ -363,18 +412,26 @@ impl DecodeConfig {
             // them measured slower), plus spare chunks (fewer than `batch`, so equal lengths stay
             // whole) for requests longer than a wave's share.
             let spare = probe.wave_chunks(desc).min(desc.batch_size as u32 - 1);
-            let with_spare = probe.with_spare(desc, spare);
+            let mut with_spare = probe.with_spare(desc, spare);
+            if kernel == DecodeKernel::Mma && base <= wave - sm_count {
+                // Whole requests that leave a CTA slot free on every SM (entries of three or
+                // more per SM): chunk-major, so that every KV head of a long request's chunks
+                // starts in the first wave. Measured on a 32k-token request among 31 of 1k:
+                // 0.86–0.90× the time, equal lengths within 1.3 % (run 145); with two per SM,
+                // head-major measured faster (run 21).
+                with_spare.heads_along_x = true;
+            }
             if spare > 0 && with_spare.fits(desc, max_workspace_bytes) {
                 return Ok(with_spare);
             }
         }
         // Split until the last wave is busy enough.
-        let mut best = (efficiency(base), 1);
+        let mut best = (efficiency(base, wave), 1);
         for s in 2..=MAX_SPLITS {
             if !fits(s) {
                 break;
             }
-            let e = efficiency(base * s as u64);
+            let e = efficiency(base * s as u64, wave);
             if e > best.0 + 1e-9 {
                 best = (e, s);
             }
@@ -402,7 +459,8 @@ impl DecodeConfig {
 
     /// This configuration with `spare_chunks` spare chunks and, with any, the balance bound.
     /// Measured CTA orders: chunk-major for split requests and for grids beyond one wave,
-    /// head-major for unsplit requests with spare chunks within one wave.
+    /// head-major for unsplit requests with spare chunks within one wave (the rule makes those
+    /// chunk-major too when they leave a CTA slot free on every SM; see `choose_residency`).
     fn with_spare(self, desc: &BatchPagedDecodeDescriptor, spare_chunks: u32) -> Self {
         let balance_chunks = if spare_chunks > 0 { self.wave_chunks(desc) } else { 0 };
         let beyond_a_wave =

@@ -17,7 +17,9 @@ use crate::types::*;
 use super::checks::{
     KvStrides, aligned, check_decode_descriptor, expect_kv_view, expect_layout, same_kv_strides,
 };
-use super::config::{DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, MAX_TABLE_TOKENS};
+use super::config::{
+    DecodeConfig, DecodeKernel, DecodePath, LEAN_MAX_AVG_TOKENS, MAX_TABLE_TOKENS, Residency,
+};
 use super::table_check::{PageTableView, check_on_device};
 
 /// Arguments of [`BatchPagedDecodePlan::run`]: q and o of type `T`, the K/V store of `C` (`T`
@@ -104,15 +106,15 @@ impl BatchPagedDecodeArgsLayout {
 }
 
 /// The configuration [`BatchPagedDecodePlan::select`] takes: the rule's
-/// ([`DecodeConfig::choose`]) with the preference's split and spare-chunk overrides, within its
-/// workspace limit.
+/// ([`DecodeConfig::choose_residency`]) with the preference's split and spare-chunk overrides,
+/// within its workspace limit.
 fn configure(
     desc: &BatchPagedDecodeDescriptor,
     props: &DeviceProps,
     pref: &PlanPreference,
-    resident_per_sm: u32,
+    residency: Residency,
 ) -> Result<DecodeConfig> {
-    let mut config = DecodeConfig::choose_resident(desc, props, pref.max_workspace_bytes, resident_per_sm)?;
+    let mut config = DecodeConfig::choose_residency(desc, props, pref.max_workspace_bytes, residency)?;
     if let Some(s) = pref.num_splits {
         config = config.with_num_splits(desc, s)?;
     }
@@ -162,11 +164,7 @@ impl DecodeEntries {
     ) -> Self {
         let soft_cap = variant.logits_soft_cap.is_some();
         let (cache, d) = (desc.paged_kv.element, desc.paged_kv.head_dim as u32);
-        let name = |v| match cache.fp8_layout() {
-            Some(_) => entry::decode_fp8(v, q_element, cache, d),
-            None if soft_cap => entry::decode_soft_cap(config.kernel, v, cache, d),
-            None => entry::decode(config.kernel, v, cache, d),
-        };
+        let name = |v| Self::decode_name(config.kernel, desc, variant, q_element, v);
         let split = config.is_split();
         let lean = config.lean.filter(|_| pref.lean_max_avg_tokens != Some(0) && !soft_cap);
         let guess = guessing && config.kernel == DecodeKernel::Mma && !soft_cap;
@@ -179,6 +177,24 @@ impl DecodeEntries {
             guess_lean: lean
                 .filter(|_| guess)
                 .map(|_| entry::decode_guess(DecodeVariant::Lean, q_element, cache, d)),
+        }
+    }
+
+    /// The decode entry of `kernel` for the descriptor's cache, head_dim and variant.
+    fn decode_name(
+        kernel: DecodeKernel,
+        desc: &BatchPagedDecodeDescriptor,
+        variant: &AttentionVariantDescriptor,
+        q_element: ElementKind,
+        decode_variant: DecodeVariant,
+    ) -> String {
+        let (cache, d) = (desc.paged_kv.element, desc.paged_kv.head_dim as u32);
+        match cache.fp8_layout() {
+            Some(_) => entry::decode_fp8(decode_variant, q_element, cache, d),
+            None if variant.logits_soft_cap.is_some() => {
+                entry::decode_soft_cap(kernel, decode_variant, cache, d)
+            }
+            None => entry::decode(kernel, decode_variant, cache, d),
         }
     }
 }
@@ -338,10 +354,13 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 props.compute_capability.0, props.compute_capability.1
             )));
         }
-        let configure_within = |resident| -> Result<DecodeConfig> {
-            Ok(DecodeConfig { window_left: variant.window_left, ..configure(desc, &props, &pref, resident)? })
+        let configure_within = |residency| -> Result<DecodeConfig> {
+            Ok(DecodeConfig {
+                window_left: variant.window_left,
+                ..configure(desc, &props, &pref, residency)?
+            })
         };
-        let mut config = configure_within(u32::MAX)?;
+        let mut config = configure_within(Residency::UNBOUNDED)?;
         let arch = ptx::build_for_preference(props.compute_capability, pref.allow_sm90a);
         if C::CACHE_KIND.fp8_layout().is_some() && arch != ArchSku::Sm90 {
             return Err(Error::Unsupported(format!(
@@ -356,23 +375,26 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         }
         let programmatic = pref.programmatic_launch && arch == ArchSku::Sm90;
         let guessing = programmatic && pref.stable_page_table.is_none();
-        let mut entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
-        let mut decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
-        // The rule sized the wave by shared memory; if the loaded kernel's registers hold fewer
-        // CTAs per SM, choose again for the wave that is really resident (once: the entry the
-        // second choice loads differs from the first by a few registers at most).
         if config.kernel == DecodeKernel::Mma {
-            let resident = decode_fn.occupancy_max_active_blocks_per_multiprocessor(
-                params::DECODE_THREADS,
-                config.smem_bytes as usize,
-                None,
-            )?;
-            if resident > 0 && resident < config.ctas_per_sm(&props) {
-                config = configure_within(resident)?;
-                entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
-                decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
-            }
+            // The rule sized the waves by shared memory; the loaded entries' registers may hold
+            // fewer CTAs per SM (the split and unsplit entries differ for some 8-bit caches), so
+            // choose again for the waves that are really resident.
+            let resident = |v| -> Result<u32> {
+                let name = DecodeEntries::decode_name(config.kernel, desc, variant, T::KIND, v);
+                let f = device::function(ctx, arch, &name, config.smem_bytes)?;
+                let n = f.occupancy_max_active_blocks_per_multiprocessor(
+                    params::DECODE_THREADS,
+                    config.smem_bytes as usize,
+                    None,
+                )?;
+                Ok(if n > 0 { n } else { u32::MAX })
+            };
+            let residency =
+                Residency { split: resident(DecodeVariant::Split)?, whole: resident(DecodeVariant::Whole)? };
+            config = configure_within(residency)?;
         }
+        let entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
+        let decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
         let whole_fn = match &entries.whole {
             Some(name) => Some(device::function(ctx, arch, name, config.smem_bytes)?),
             None => None,
@@ -855,9 +877,15 @@ mod tests {
                 let q_elements =
                     if fp8 { entry::FP8_Q_ELEMENTS.to_vec() } else { vec![desc.paged_kv.element] };
                 // As the rule chooses, and again for kernels whose registers hold fewer CTAs.
-                let choices = prefs.iter().flat_map(|pref| [u32::MAX, 2, 1].map(|resident| (pref, resident)));
-                for (pref, resident) in choices {
-                    let Ok(config) = configure(&desc, &props, pref, resident) else { continue };
+                let residencies = [
+                    Residency::UNBOUNDED,
+                    Residency::both(2),
+                    Residency::both(1),
+                    Residency { split: 3, whole: 2 },
+                ];
+                let choices = prefs.iter().flat_map(|pref| residencies.map(|residency| (pref, residency)));
+                for (pref, residency) in choices {
+                    let Ok(config) = configure(&desc, &props, pref, residency) else { continue };
                     for &q in &q_elements {
                         for logits_soft_cap in [None, Some(30.0)] {
                             if fp8 && logits_soft_cap.is_some() {
@@ -868,7 +896,13 @@ mod tests {
                             // also load the guessing entries.
                             for guessing in [false, fp8_builds] {
                                 let e = DecodeEntries::of(&config, &desc, &variant, pref, q, guessing);
+                                // The entries whose residency `select` asks the driver for.
+                                let probed = [DecodeVariant::Split, DecodeVariant::Whole]
+                                    .map(|v| DecodeEntries::decode_name(config.kernel, &desc, &variant, q, v))
+                                    .map(|name| (config.kernel == DecodeKernel::Mma).then_some(name));
                                 let names = [
+                                    probed[0].as_deref(),
+                                    probed[1].as_deref(),
                                     Some(e.decode.as_str()),
                                     e.whole.as_deref(),
                                     e.schedule,

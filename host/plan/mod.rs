@@ -17,7 +17,7 @@ mod table_check;
 pub use append::{PagedKvAppendArgs, PagedKvAppendArgsLayout, PagedKvAppendPairedArgs, PagedKvAppendPlan};
 pub use config::{
     DecodeConfig, DecodeKernel, DecodePath, LEAN_CTA_FIXED_TILES, LEAN_MAX_AVG_TOKENS, LeanLaunch,
-    MAX_SPLITS, MAX_TABLE_TOKENS, STACK_MAX_TOKENS, SUPPORTED_HEAD_DIMS, UNSPLIT_MAX_TILES,
+    MAX_SPLITS, MAX_TABLE_TOKENS, Residency, STACK_MAX_TOKENS, SUPPORTED_HEAD_DIMS, UNSPLIT_MAX_TILES,
 };
 pub use decode::{BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan};
 
