@@ -314,7 +314,8 @@ impl DecodeConfig {
     /// by the unsplit wave (0.96–0.98× the time at equal lengths, 1.04–1.06× with one 32k-token
     /// request among 2k ones, run 145).
     /// The f32 CUDA-core kernel's wave stays at 16 CTAs per SM, as `select` asks the driver only
-    /// for the tensor-core kernels (its 61 registers hold 8; not yet measured either way).
+    /// for the tensor-core kernels: its 61 registers hold 8, but counting those measured slower
+    /// on some rows (run 147; the kernel is bound by its arithmetic, not its bytes).
     pub fn choose_residency(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
