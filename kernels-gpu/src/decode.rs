@@ -70,8 +70,8 @@ use crate::fp8_operands as fp8;
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{
-    DECODE_THREADS, DecodeParams, MAX_STAGES, MmaTiling, WarpRoles, fp8_lean_tiling, fp8_tiling, lean_tiling,
-    stacked_head_of_row, standard_tiling,
+    DECODE_THREADS, DecodeParams, LEAN_EPILOGUE_BYTES, MAX_STAGES, MmaTiling, WarpRoles, fp8_lean_tiling,
+    fp8_tiling, lean_tiling, stacked_head_of_row, standard_tiling,
 };
 use crate::partition::{
     Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request, whole_request_through_l2,
@@ -286,10 +286,11 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     /// Whether all blocks of each stacked head go to one warp phase of `phases` (phase `ph`
     /// takes blocks `ph, ph + phases, …` of every tile), so that no query row needs the phases
     /// combined: there is one phase, or a segment is one 16-token block (a head then sits at the
-    /// same block of each of its tiles), or the chunk holds at most one block per head.
+    /// same block of each of its tiles), or the chunk (of `chunk_tokens` tokens) holds at most
+    /// one block per head.
     #[inline(always)]
-    fn rows_in_one_phase(&self, phases: u32) -> bool {
-        phases == 1 || self.seg_shift == 4 || self.end - self.begin <= 16
+    fn rows_in_one_phase(&self, phases: u32, chunk_tokens: u32) -> bool {
+        phases == 1 || self.seg_shift == 4 || chunk_tokens <= 16
     }
 
     /// The warp phase that takes the blocks of stacked head `head` when
@@ -578,6 +579,13 @@ pub unsafe fn decode_mma<
         }
         pending_page = load_page(&kv, &chunk, stages - 1);
     }
+    // The lean entries' epilogue constants, after the page-row ring: in shared memory in the
+    // sm_80 build (`LeanEpilogue`), in registers in the sm_90 one.
+    let lean_epilogue = LeanEpilogue { addr: kv.ring + stages * tile_tokens * 4 };
+    let epilogue_in_shared = V::T.stacks_heads && !cfg!(target_feature = "sm_90");
+    if epilogue_in_shared && tid == 0 {
+        unsafe { lean_epilogue.store(&chunk, q_tiles) };
+    }
     sync_threads();
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read; the
@@ -624,7 +632,7 @@ pub unsafe fn decode_mma<
     }
     // Q → shared (rows past the group are zero), while the first tiles are in flight. An 8-bit
     // cache also keeps each row's logit factor, after the page-row ring.
-    let row_scales = kv.ring + stages * tile_tokens * 4;
+    let row_scales = lean_epilogue.addr + V::T.epilogue_bytes();
     if C::FP8 {
         let q_offset = (request * p.num_qo_heads + first_qo_head) as usize * D as usize;
         unsafe { fp8::stage_q::<C, D>(p, q_smem, row_scales, q_offset, heads, q_tiles, swizzle::<D>) };
@@ -660,6 +668,9 @@ pub unsafe fn decode_mma<
             park_row(&kv, &chunk, s, first_pages[s as usize]);
         }
         pending_page = first_pages[(stages - 1) as usize];
+        if epilogue_in_shared && tid == 0 {
+            unsafe { lean_epilogue.store(&chunk, q_tiles) };
+        }
         sync_threads();
         for s in 0..stages - 1 {
             if s < n_tiles {
@@ -860,7 +871,9 @@ pub unsafe fn decode_mma<
             opaque4(o_n);
         }
     }
-    if V::T.stacks_heads && !SPLIT && kv.rows_in_one_phase(phases) {
+    let (chunk_tokens, q_tiles) =
+        if epilogue_in_shared { unsafe { lean_epilogue.load() } } else { (kv.end - kv.begin, q_tiles) };
+    if V::T.stacks_heads && !SPLIT && kv.rows_in_one_phase(phases, chunk_tokens) {
         // Each row's blocks went to one warp phase, whose warps write it from their fragments.
         // The coordinates are derived again, as for the combine below.
         let tid = thread_idx_reread();
@@ -984,6 +997,38 @@ pub unsafe fn decode_mma<
     }
     if SPLIT && chunk.request_chunks > 1 {
         unsafe { finish_split::<C::Io, D, VPL, MERGE_BATCH>(p, &chunk, ticket, first_qo_head, heads) };
+    }
+}
+
+/// The two CTA constants a lean CTA's epilogue needs (its chunk's token count and its query-tile
+/// count), kept in shared memory across the main loop rather than in registers by the sm_80
+/// build: the lean entries are capped at 128 registers, and ptxas spilled these two around the
+/// loop there (8 bytes of local memory in the head_dim-128 entries). The sm_90 build keeps them
+/// in registers without spilling; there the shared slot measured 1 % slower on the lean rows
+/// with the page-table promise and 0.13–0.17 µs slower on one token without it (run 148), so it
+/// stays unused. Written by thread 0 before a barrier that precedes the main loop;
+/// [`LEAN_EPILOGUE_BYTES`] at `addr`.
+#[derive(Clone, Copy)]
+struct LeanEpilogue {
+    addr: u32,
+}
+
+impl LeanEpilogue {
+    /// # Safety
+    /// `addr` is the 8-byte-aligned slot of [`LEAN_EPILOGUE_BYTES`] in this CTA's shared memory.
+    #[inline(always)]
+    unsafe fn store(&self, chunk: &Chunk, q_tiles: u32) {
+        unsafe { st_shared_v2_u32(self.addr, [chunk.end - chunk.begin, q_tiles]) };
+    }
+
+    /// `(chunk tokens, query tiles)` as stored, after a barrier that followed the store.
+    ///
+    /// # Safety
+    /// As for [`store`](Self::store).
+    #[inline(always)]
+    unsafe fn load(&self) -> (u32, u32) {
+        let [chunk_tokens, q_tiles] = unsafe { ld_shared_v2_u32(self.addr) };
+        (chunk_tokens, q_tiles)
     }
 }
 

@@ -276,6 +276,17 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
 }
 
 /// # Safety
+/// `addr` is an 8-byte-aligned `.shared` address of 8 writable bytes inside this CTA's shared
+/// memory.
+#[inline(always)]
+pub unsafe fn st_shared_v2_u32(addr: u32, v: [u32; 2]) {
+    unsafe {
+        asm!("st.shared.v2.b32 [{p}], {{{a}, {b}}};", p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1],
+             options(nostack))
+    };
+}
+
+/// # Safety
 /// `addr` is a 8-byte-aligned `.shared` address of 8 writable bytes inside this CTA's shared
 /// memory.
 #[inline(always)]

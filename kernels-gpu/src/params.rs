@@ -311,14 +311,27 @@ pub const fn fp8_lean_tiling(head_dim: u32) -> MmaTiling {
 pub const LEAN_MAX_REGISTERS: u32 = 128;
 
 /// Dynamic shared memory of the tensor-core kernel with `tiling` for `mma_tiles` 16-row query
-/// tiles: Q, the K/V stages, the page rows of each stage and, over an 8-bit cache, a logit
-/// factor per query row.
+/// tiles: Q, the K/V stages, the page rows of each stage, the lean tilings' epilogue constants
+/// ([`LEAN_EPILOGUE_BYTES`]) and, over an 8-bit cache, a logit factor per query row.
 pub const fn mma_smem_bytes(tiling: MmaTiling, head_dim: u32, mma_tiles: u32) -> u32 {
     let q = mma_tiles * 16 * head_dim * 2;
     let kv = tiling.stages * 2 * tiling.tile_tokens * head_dim * tiling.kv_bytes;
     let page_rows = tiling.stages * tiling.tile_tokens * 4;
     let row_scales = if tiling.kv_bytes == 1 { mma_tiles * 16 * 4 } else { 0 };
-    q + kv + page_rows + row_scales
+    q + kv + page_rows + tiling.epilogue_bytes() + row_scales
+}
+
+/// Shared memory of the CTA constants a lean CTA's epilogue reads back after its main loop (the
+/// chunk's token count and the query-tile count, 16 bytes to keep what follows aligned): at 128
+/// registers, ptxas's sm_80 build would otherwise spill them around the loop.
+pub const LEAN_EPILOGUE_BYTES: u32 = 16;
+
+impl MmaTiling {
+    /// Bytes of the epilogue constants after the page rows: [`LEAN_EPILOGUE_BYTES`] for the
+    /// tilings that stack KV heads (the lean ones), none for the others.
+    pub const fn epilogue_bytes(&self) -> u32 {
+        if self.stacks_heads { LEAN_EPILOGUE_BYTES } else { 0 }
+    }
 }
 /// Largest batch whose page-table entries the split kernels' partition keeps in registers (one
 /// per lane), reading the page table once; larger batches re-read it (from L1) on every pass.

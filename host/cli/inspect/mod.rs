@@ -124,8 +124,7 @@ fn print_sass(options: &Options) -> Result<()> {
 
 /// `--json` and `--diff`: the full report (both builds, SASS mix when a disassembler is
 /// found), written and/or compared; lists the entries that spill or have a stack frame, and
-/// fails only if one has more of either than the baseline (the few known ones, `tests/ptx.rs`'s
-/// `KNOWN_SPILLS`, are in the baseline).
+/// fails only if one has more of either than the baseline (`tests/ptx.rs` allows none).
 fn write_and_compare(options: &Options) -> Result<()> {
     let tools = Tools::find(true);
     for line in tools.missing() {
