@@ -35,7 +35,8 @@
 //! - K/V tiles of 16 KB each (8192 / D tokens; 8 KB of 8-bit codes) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
 //!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
-//!   (`KvPipeline`).
+//!   (`KvPipeline`); those of the first tiles are all loaded before any is resolved (but in the
+//!   8-bit cache's unguessed entries), so that their loads are one round trip.
 //!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output
