@@ -1,7 +1,8 @@
 //! The embedded PTX: both builds define exactly the entry points the host names, only the sm_90
 //! build uses `griddepcontrol`, only the split entries carry the merge's ticket and
 //! release/acquire count, and ptxas assembles each for its architecture with no spills, no stack
-//! frame and a bounded amount of split-only code, and no `cp.async` of the machine code reads a cache-policy descriptor nothing wrote.
+//! frame and a bounded amount of split-only code, and no `cp.async` of the machine code reads a
+//! cache-policy descriptor nothing wrote.
 
 #[path = "../host/cli/ptxas.rs"]
 #[allow(dead_code)]

@@ -587,7 +587,8 @@ pub unsafe fn decode_mma<
         pending_page = load_page(&kv, &chunk, stages - 1);
     }
     // The lean entries' epilogue constants, after the page-row ring: in shared memory in the
-    // sm_80 build (`LeanEpilogue`), in registers in the sm_90 one.
+    // sm_80 build (`LeanEpilogue`), in registers in the sm_90 one. Stored once: the guessing
+    // entries, whose chunk may change after the wait, are sm_90 only.
     let lean_epilogue = LeanEpilogue { addr: kv.ring + stages * tile_tokens * 4 };
     let epilogue_in_shared = V::T.stacks_heads && !cfg!(target_feature = "sm_90");
     if epilogue_in_shared && tid == 0 {
@@ -675,9 +676,6 @@ pub unsafe fn decode_mma<
             park_row(&kv, &chunk, s, first_pages[s as usize]);
         }
         pending_page = first_pages[(stages - 1) as usize];
-        if epilogue_in_shared && tid == 0 {
-            unsafe { lean_epilogue.store(&chunk, q_tiles) };
-        }
         sync_threads();
         for s in 0..stages - 1 {
             if s < n_tiles {
