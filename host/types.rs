@@ -336,6 +336,11 @@ pub struct PlanPreference {
     /// 16-row query tile holds, see [`crate::plan::LeanLaunch::stack_shift`]); `Some(1)` keeps
     /// one KV head per CTA. For tuning.
     pub max_stacked_kv_heads: Option<u32>,
+    /// Programmatic launches without [`Self::stable_page_table`]: whole-request launches of at
+    /// most this many CTAs take the entries that guess their page lookup before the wait
+    /// ([`crate::plan::BatchPagedDecodePlan::guesses_page_lookup`]) instead of the plan's bound,
+    /// one CTA per SM; `Some(0)` never guesses. For tuning.
+    pub guess_max_ctas: Option<u32>,
 }
 
 impl Default for PlanPreference {
@@ -351,6 +356,7 @@ impl Default for PlanPreference {
             spare_chunks: None,
             lean_max_avg_tokens: None,
             max_stacked_kv_heads: None,
+            guess_max_ctas: None,
         }
     }
 }

@@ -582,7 +582,9 @@ fn chained_decodes_see_the_previous_kernels_output() {
 /// `last_page_len`: a placeholder of 1 before, huge lengths after, which the kernels clamp to full
 /// pages. The second decode must give the result of the full pages on every path its shapes take
 /// (it prints them): the lean kernel, the small batches' whole-request or split kernels, the
-/// split kernel deriving the partition in every CTA, and the schedule kernel's partition.
+/// split kernel deriving the partition in every CTA, and the schedule kernel's partition. Each
+/// shape runs twice: under the plan's guessing bound, and with every whole and lean launch
+/// guessing (`guess_max_ctas`), so that launches of many CTAs and waves redo their first tiles.
 #[test]
 fn page_table_written_by_the_previous_kernel() {
     let Some(dev) = device("page_table_written_by_the_previous_kernel") else { return };
@@ -594,18 +596,33 @@ fn page_table_written_by_the_previous_kernel() {
     let writer_plan = BatchPagedDecodePlan::<f16>::select(s, &writer.desc, pref).unwrap();
     let mut writer_buf = DeviceProblem::upload(s, &writer, writer_plan.workspace_size()).unwrap();
     let placeholder = vec![f32::from_bits(1); writer_buf.lse.len()];
+    let programmatic = paged_decode::ptx::supports_programmatic_launch(
+        paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability,
+    );
     let mut paths = Vec::new();
-    let mut guessed = 0;
-    for (batch, len) in [(4, 32), (1, 128), (2, 64), (32, 64), (2, 128), (8, 512), (4, 4096), (64, 2048)] {
+    let (mut guessed, mut guessed_by_all) = (0, 0);
+    let shapes = [(4, 32), (1, 128), (2, 64), (32, 64), (2, 128), (8, 512), (4, 4096), (64, 2048), (64, 64)];
+    let all_guess = PlanPreference { guess_max_ctas: Some(u32::MAX), ..PlanPreference::default() };
+    for ((batch, len), pref) in
+        shapes.into_iter().flat_map(|s| [(s, PlanPreference::default()), (s, all_guess)])
+    {
         // Full last pages: the table the writer leaves.
         let spec = ProblemSpec { seed: 91, ..ProblemSpec::uniform(batch, len, 16, 4, 128, 16) };
         let host = HostProblem::<f16>::random(&spec).unwrap();
-        let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, PlanPreference::default()).unwrap();
+        let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, pref).unwrap();
         assert!(!plan.reads_page_table_early());
         let what = plan.path(host.indices.len()).name();
-        paths.push(what);
-        // Launches of at most one CTA per SM guess the lookup the writer is changing.
-        guessed += plan.guesses_page_lookup(host.indices.len()) as usize;
+        // Launches of at most one CTA per SM (or all, with `all_guess`) guess the lookup the
+        // writer is changing.
+        let guesses = plan.guesses_page_lookup(host.indices.len()) as usize;
+        if pref == all_guess {
+            let unsplit = matches!(what, "lean" | "whole");
+            assert!(!programmatic || guesses == unsplit as usize, "{what}: guesses {guesses} with no bound");
+            guessed_by_all += guesses;
+        } else {
+            paths.push(what);
+            guessed += guesses;
+        }
         let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
         s.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
         s.memcpy_htod(&placeholder, &mut writer_buf.lse).unwrap();
@@ -626,14 +643,12 @@ fn page_table_written_by_the_previous_kernel() {
         let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
         check(what, &spec, &o, &lse, &host.reference().unwrap());
     }
-    let programmatic = paged_decode::ptx::supports_programmatic_launch(
-        paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability,
-    );
     // (4, 32) lean, (1, 128) and (2, 64) whole: a few CTAs each, which guess the lookup the
     // writer is still changing (its last pages' lengths), and must redo their first tiles.
     assert!(!programmatic || guessed >= 3, "only {guessed} launches guessed their page lookup");
     println!(
-        "paths {paths:?}, programmatic launch {programmatic}, {guessed} guessing: the table the previous kernel wrote"
+        "paths {paths:?}, programmatic launch {programmatic}, {guessed} guessing ({guessed_by_all} with no bound): \
+         the table the previous kernel wrote"
     );
 }
 

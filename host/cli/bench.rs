@@ -147,6 +147,9 @@ pub struct BenchOptions {
     /// Most KV heads per lean CTA instead of the plan's bound
     /// ([`PlanPreference::max_stacked_kv_heads`]).
     pub max_stacked_kv_heads: Option<u32>,
+    /// Most CTAs of a guessing launch instead of the plan's bound
+    /// ([`PlanPreference::guess_max_ctas`]).
+    pub guess_max_ctas: Option<u32>,
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
@@ -341,6 +344,7 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         spare_chunks: opts.spare_chunks,
         lean_max_avg_tokens: opts.lean_max_avg_tokens,
         max_stacked_kv_heads: opts.max_stacked_kv_heads,
+        guess_max_ctas: opts.guess_max_ctas,
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);

@@ -103,6 +103,9 @@ enum Command {
         /// Most KV heads of a request per lean CTA (1: one; tuning).
         #[arg(long)]
         stack: Option<u32>,
+        /// Most CTAs of a launch that guesses its page lookup (default launch; 0: never; tuning).
+        #[arg(long)]
+        guess_ctas: Option<u32>,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -159,6 +162,7 @@ fn main() -> ExitCode {
             indices_slack,
             lean_tokens,
             stack,
+            guess_ctas,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -171,6 +175,7 @@ fn main() -> ExitCode {
             indices_slack,
             lean_max_avg_tokens: lean_tokens,
             max_stacked_kv_heads: stack,
+            guess_max_ctas: guess_ctas,
         }),
     };
     match result {

@@ -230,8 +230,11 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     /// `guess_max_ctas` CTAs.
     guess_whole_fn: Option<CudaFunction>,
     guess_lean_fn: Option<CudaFunction>,
-    /// The SM count: in a launch of at most one CTA per SM, every CTA starts under the previous
-    /// kernel and few CTAs read each page-table line.
+    /// The SM count ([`PlanPreference::guess_max_ctas`] for tuning): in a launch of at most one
+    /// CTA per SM, every CTA starts under the previous kernel and few CTAs read each page-table
+    /// line. Up to two per SM, the whole kernel's guessing entry ran 1–3 % faster on most rows but
+    /// 9 % slower on a full wave of short requests, and the lean one (165 registers, three CTAs
+    /// per SM) 2–6 % slower (runs 155–157).
     guess_max_ctas: u32,
     check_fn: CudaFunction,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
@@ -421,7 +424,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             lean_fn,
             guess_whole_fn,
             guess_lean_fn,
-            guess_max_ctas: props.sm_count,
+            guess_max_ctas: pref.guess_max_ctas.unwrap_or(props.sm_count),
             desc: *desc,
             variant: *variant,
             config,
@@ -711,7 +714,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Whether `run` launches, for a page table of `num_indices` slots, an entry that guesses its
     /// page lookup before waiting for the previous kernel (and confirms it after the wait): a
     /// programmatic launch without [`PlanPreference::stable_page_table`], with plain logits, of
-    /// requests in one chunk each, whose grid has at most one CTA per SM.
+    /// requests in one chunk each, whose grid has at most one CTA per SM (or
+    /// [`PlanPreference::guess_max_ctas`]).
     pub fn guesses_page_lookup(&self, num_indices: usize) -> bool {
         let path = self.path(num_indices);
         self.launch_for(path, self.stack_shift(path, num_indices), num_indices).guessing
@@ -747,8 +751,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             block_dim: (params::DECODE_THREADS, 1, 1),
             shared_mem_bytes: smem_bytes,
         };
-        // A whole-request launch of at most one CTA per SM takes the entry that guesses its page
-        // lookup before the wait, where one is loaded.
+        // A whole-request launch of at most `guess_max_ctas` CTAs (one per SM) takes the entry that
+        // guesses its page lookup before the wait, where one is loaded.
         let ctas = config.grid_dim.0 as u64 * config.grid_dim.1 as u64;
         let guessing_kernel = match path {
             _ if ctas > self.guess_max_ctas as u64 => None,
