@@ -102,14 +102,16 @@ const READ_BANDWIDTH_THREADS: u32 = 256;
 /// The launch configurations the plan (and the bench, for `read_bandwidth`) uses for `entry`;
 /// empty for an entry it does not know. The tensor-core decode entries launch with the dynamic
 /// shared memory of `q_tiles` 16-row query tiles of their tiling (`params::standard_tiling`, or
-/// `params::lean_tiling` for `decode_mma_lean_*`; the `fp8_` tilings for entries over an 8-bit
-/// cache, `…_e4m3_…` and `…_e5m2_…`), `q_tiles = ceil(min(group, heads per CTA) / 16)`.
+/// `params::lean_tiling` for `decode_mma_lean_*` and `decode_mma_guess_lean_*`; the `fp8_`
+/// tilings for entries over an 8-bit cache, `…_e4m3_…` and `…_e5m2_…`),
+/// `q_tiles = ceil(min(group, heads per CTA) / 16)`.
 pub fn launches(entry: &str) -> Vec<Launch> {
     let single = |threads, dynamic_smem| vec![Launch { label: String::new(), threads, dynamic_smem }];
     if entry.starts_with("decode_mma_") {
         let Some(head_dim) = head_dim(entry) else { return Vec::new() };
         let fp8 = entry.contains("_e4m3_") || entry.contains("_e5m2_");
-        let tiling = match (entry.starts_with("decode_mma_lean_"), fp8) {
+        let lean = entry.starts_with("decode_mma_lean_") || entry.starts_with("decode_mma_guess_lean_");
+        let tiling = match (lean, fp8) {
             (true, false) => params::lean_tiling(head_dim),
             (true, true) => params::fp8_lean_tiling(head_dim),
             (false, false) => params::standard_tiling(head_dim),
@@ -179,6 +181,9 @@ mod tests {
         let lean = launches("decode_mma_lean_f16_d128");
         assert_eq!(lean.len(), 2);
         assert_eq!(lean[0].dynamic_smem, params::mma_smem_bytes(params::lean_tiling(128), 128, 1));
+        // The guessing entries launch with their path's tiling: lean, or the standard one.
+        assert_eq!(launches("decode_mma_guess_lean_f16_d128"), lean);
+        assert_eq!(launches("decode_mma_guess_f16_d128"), launches("decode_mma_f16_d128"));
         // Entries over an 8-bit cache launch with their own tilings.
         let fp8 = launches("decode_mma_split_f16_e4m3_d128");
         assert_eq!(fp8[0].dynamic_smem, params::mma_smem_bytes(params::fp8_tiling(128), 128, 1));
