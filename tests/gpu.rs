@@ -611,12 +611,13 @@ fn page_table_written_by_the_previous_kernel() {
         let host = HostProblem::<f16>::random(&spec).unwrap();
         let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, pref).unwrap();
         assert!(!plan.reads_page_table_early());
-        let what = plan.path(host.indices.len()).name();
+        let path = plan.path(host.indices.len());
+        let what = path.name();
         // Launches of at most one CTA per SM (or all, with `all_guess`) guess the lookup the
         // writer is changing.
         let guesses = plan.guesses_page_lookup(host.indices.len()) as usize;
         if pref == all_guess {
-            let unsplit = matches!(what, "lean" | "whole");
+            let unsplit = matches!(path, DecodePath::Lean | DecodePath::Whole);
             assert!(!programmatic || guesses == unsplit as usize, "{what}: guesses {guesses} with no bound");
             guessed_by_all += guesses;
         } else {
