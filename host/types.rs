@@ -336,6 +336,11 @@ pub struct PlanPreference {
     /// 16-row query tile holds, see [`crate::plan::LeanLaunch::stack_shift`]); `Some(1)` keeps
     /// one KV head per CTA. For tuning.
     pub max_stacked_kv_heads: Option<u32>,
+    /// Spare chunks of the lean kernel's scheduled partition (a long request among many short
+    /// ones cut into chunks of about `total tokens / spare` tokens) instead of the plan's rule
+    /// ([`crate::plan::DecodeConfig::lean_spare_chunks`]); `Some(0)` keeps every request whole on
+    /// the lean kernel. For tuning.
+    pub lean_spare_chunks: Option<u32>,
     /// Programmatic launches without [`Self::stable_page_table`]: whole-request launches of at
     /// most this many CTAs take the entries that guess their page lookup before the wait
     /// ([`crate::plan::BatchPagedDecodePlan::guesses_page_lookup`]) instead of the plan's bound,
@@ -356,6 +361,7 @@ impl Default for PlanPreference {
             spare_chunks: None,
             lean_max_avg_tokens: None,
             max_stacked_kv_heads: None,
+            lean_spare_chunks: None,
             guess_max_ctas: None,
         }
     }

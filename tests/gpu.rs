@@ -451,6 +451,70 @@ fn decode_stacked_kv_heads() {
     }
 }
 
+/// A batch of short requests over at least four lean waves with a heavy tail: the lean kernel
+/// over the scheduled partition, which cuts the long requests into chunks (the test fails if the
+/// rule stops taking it). Each case must match the float64 reference, and the rows of every
+/// request that no partition could cut (at most `total tokens / lean_spare_chunks`, the least
+/// chunk size of that partition) must equal, bit for bit, the same plan with the lean kernel
+/// unsplit (`lean_spare_chunks: Some(0)`): the split entry computes a whole request as the
+/// unsplit one does.
+fn lean_scheduled_case<T: Element + ProblemCache>(dev: &Device, name: &str, spec: &ProblemSpec) {
+    let host = HostProblem::<T>::random(spec).unwrap();
+    let r = host.reference().unwrap();
+    let select = |lean_spare_chunks| {
+        let pref = PlanPreference { lean_spare_chunks, ..PlanPreference::default() };
+        BatchPagedDecodePlan::<T>::select(&dev.stream, &host.desc, pref).unwrap()
+    };
+    let (split, whole) = (select(None), select(Some(0)));
+    let n = host.indices.len();
+    let what = format!("{name} {:?}", T::KIND);
+    assert_eq!(split.path(n), DecodePath::LeanScheduled, "{what}");
+    assert_eq!(whole.path(n), DecodePath::Lean, "{what}");
+    let (o, lse) = run_scaled_poisoned(dev, &split, &host);
+    let err = check(&what, &host.spec, &o, &lse, &r);
+    let (o1, lse1) = run_scaled_poisoned(dev, &whole, &host);
+    let err1 = check(&format!("{what}, unsplit"), &host.spec, &o1, &lse1, &r);
+    let total: usize = spec.lens.iter().sum();
+    let least_chunk = total.div_ceil(split.config().lean_spare_chunks as usize).next_multiple_of(16);
+    let longer = spec.lens.iter().filter(|&&len| len > least_chunk).count();
+    assert!(longer > 0, "{what}: no request longer than the least chunk ({least_chunk} tokens)");
+    let qo_heads = host.desc.num_qo_heads as usize;
+    let row = qo_heads * host.desc.paged_kv.head_dim as usize;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (b, _) in spec.lens.iter().enumerate().filter(|&(_, &len)| len <= least_chunk) {
+        let (o_b, lse_b) = (b * row..(b + 1) * row, b * qo_heads..(b + 1) * qo_heads);
+        assert!(checksum(&o[o_b.clone()]) == checksum(&o1[o_b]), "{what}: request {b}'s o differs");
+        assert!(bits(&lse[lse_b.clone()]) == bits(&lse1[lse_b]), "{what}: request {b}'s lse differs");
+    }
+    println!(
+        "{what}: rel err {err:.2e} (unsplit {err1:.2e}); {longer} requests longer than {least_chunk} tokens, \
+         the other {} bit-identical to the unsplit lean kernel",
+        spec.lens.len() - longer
+    );
+}
+
+#[test]
+fn decode_lean_scheduled() {
+    let Some(dev) = device("decode_lean_scheduled") else { return };
+    // Ragged short requests (averaging 150–200 tokens, so no KV heads stack) with a few of
+    // thousands of tokens, empty and 1-token ones; groups 1, 4, 8 and 32 (two query tiles),
+    // head_dim 64 and 128, pages of 1, 5 and 16 tokens.
+    let tailed = |batch: usize, max: usize, step: usize, every: usize| {
+        (0..batch).map(|i| if i % every == 5 { 3000 + 7 * i } else { (i * step) % (max + 1) }).collect()
+    };
+    let cases: Vec<(&str, ProblemSpec)> = vec![
+        ("group 4, d 128", with_lens(tailed(600, 300, 37, 97), 32, 8, 128, 16)),
+        ("group 1, d 64, page 1", with_lens(tailed(400, 350, 29, 131), 8, 8, 64, 1)),
+        ("group 8, d 128, page 5", with_lens(tailed(800, 320, 41, 89), 32, 4, 128, 5)),
+        ("group 32, d 128", with_lens(tailed(1300, 300, 13, 211), 64, 2, 128, 16)),
+    ];
+    for (i, (name, spec)) in cases.into_iter().enumerate() {
+        let spec = ProblemSpec { seed: 7100 + i as u64, sm_scale: 0.09, ..spec };
+        lean_scheduled_case::<f16>(&dev, name, &spec);
+        lean_scheduled_case::<bf16>(&dev, name, &spec);
+    }
+}
+
 /// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit.
 #[test]
 fn decode_deterministic_and_graph_replay() {
@@ -458,12 +522,21 @@ fn decode_deterministic_and_graph_replay() {
     let Some(dev) = capture_device("decode_deterministic_and_graph_replay") else { return };
     let ragged =
         ProblemSpec { lens: vec![3000, 10, 0, 1200, 1], ..ProblemSpec::uniform(5, 0, 32, 8, 128, 16) };
-    // The one-request case launches only the chunks its page table can fill.
+    // The one-request case launches only the chunks its page table can fill; the last one
+    // takes the lean kernel over the scheduled partition.
+    let tailed = with_lens(
+        (0..600).map(|i| if i % 97 == 5 { 4000 } else { (i * 37) % 301 }).collect(),
+        32,
+        8,
+        128,
+        16,
+    );
     for spec in [
         ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
         ProblemSpec::uniform(64, 700, 32, 8, 128, 16),
         ragged,
         ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
+        tailed,
     ] {
         let host = HostProblem::<f16>::random(&spec).unwrap();
         let plan =
@@ -497,7 +570,11 @@ fn decode_deterministic_and_graph_replay() {
                 );
             }
         }
-        println!("{} splits: eager ×2 and {replays} graph replays bit-identical", plan.config().num_splits);
+        println!(
+            "{} path, {} splits: eager ×2 and {replays} graph replays bit-identical",
+            plan.path(host.indices.len()).name(),
+            plan.config().num_splits
+        );
     }
 }
 
@@ -510,10 +587,18 @@ fn chained_decodes_see_the_previous_kernels_output() {
     let Some(dev) = capture_device("chained_decodes_see_the_previous_kernels_output") else { return };
     let s = &dev.stream;
     // One request: a grid of only the chunks its page table can fill.
+    // The last one takes the lean kernel over the scheduled partition.
     for (i, spec) in [
         ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
         ProblemSpec::uniform(96, 500, 32, 8, 128, 16),
         ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
+        with_lens(
+            (0..600).map(|i| if i % 97 == 5 { 4000 } else { (i * 37) % 301 }).collect(),
+            32,
+            8,
+            128,
+            16,
+        ),
     ]
     .into_iter()
     .enumerate()

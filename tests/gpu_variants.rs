@@ -336,7 +336,8 @@ fn decode_variant_sweep() {
     );
 }
 
-/// One fixed case per (layout, variant) with every kernel path: whole, lean, split, scheduled.
+/// One fixed case per (layout, variant) with every kernel path: whole, lean, split, scheduled,
+/// lean-scheduled.
 #[test]
 fn decode_variant_edge_cases() {
     let Some(dev) = device("decode_variant_edge_cases") else { return };
@@ -383,6 +384,18 @@ fn decode_variant_edge_cases() {
             PlanPreference::default(),
         ),
         (
+            // Four lean waves with a heavy tail: the long requests cut into chunks and merged.
+            "batch 700, short with long ones (lean-scheduled)",
+            spec(
+                (0..700).map(|i| if i % 101 == 5 { 5000 } else { (i * 37) % 301 }).collect(),
+                32,
+                8,
+                128,
+                16,
+            ),
+            PlanPreference::default(),
+        ),
+        (
             // Four KV heads per lean CTA (one CTA per request): windows and sinks on stacked
             // heads, small enough for memcheck.
             "batch 1200, very short (lean, stacked KV heads)",
@@ -424,7 +437,14 @@ fn decode_variant_edge_cases() {
             PlanPreference::default(),
         );
     }
-    for p in [DecodePath::Whole, DecodePath::Lean, DecodePath::Split, DecodePath::Scheduled] {
+    let all = [
+        DecodePath::Whole,
+        DecodePath::Lean,
+        DecodePath::Split,
+        DecodePath::Scheduled,
+        DecodePath::LeanScheduled,
+    ];
+    for p in all {
         assert!(paths.contains(p.name()), "paths taken: {paths:?}");
     }
     println!("decode_variant_edge_cases: passed on paths {paths:?}");

@@ -560,7 +560,8 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
                     tile_tokens: min_chunk,
                     sm_count: q_tiles,
                 }),
-                // Any window too.
+                // Any lean partition and window too.
+                lean_spare_chunks: smem_bytes ^ wave_ctas,
                 window_left: (min_chunk % 3 == 0).then_some(preferred_chunk),
             },
         )
@@ -583,7 +584,13 @@ fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_
         }
     }
     for lean_bound in [None, Some(0), Some(256), Some(u32::MAX)] {
-        let _ = cfg.path(desc, num_indices, lean_bound);
+        let path = cfg.path(desc, num_indices, lean_bound);
+        let partition = cfg.partition(desc, path);
+        let _ = partition.launched_chunks(desc.batch_size.max(0) as u32, tokens);
+    }
+    for n in [0, 1, 7, u32::MAX] {
+        let r = cfg.with_lean_spare_chunks(desc, n);
+        assert!(matches!(r, Ok(_) | Err(Error::Unsupported(_))), "{r:?}");
     }
     let _ = cfg.unsplit_max_tokens();
     let ws = cfg.workspace_size(desc);

@@ -6,8 +6,8 @@ use paged_decode::device::{DeviceProps, driver_available};
 use paged_decode::plan::{DecodeConfig, LEAN_MAX_AVG_TOKENS, MAX_SPLITS, Residency, STACK_MAX_TOKENS};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgsLayout, BatchPagedDecodeDescriptor, BatchPagedDecodePlan,
-    Device, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout, PagedKvAppendDescriptor,
-    PagedKvAppendPlan, PagedKvCacheDescriptor, Result, TensorLayout,
+    DecodePath, Device, Element, ElementKind, Error, KvLayout, PagedKvAppendArgsLayout,
+    PagedKvAppendDescriptor, PagedKvAppendPlan, PagedKvCacheDescriptor, Result, TensorLayout,
 };
 
 type F16Decode = BatchPagedDecodePlan<f16>;
@@ -1160,9 +1160,57 @@ fn path_by_rule() {
     let desc = decode_desc(ElementKind::F32, 1, 32, 8, 128);
     let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
     assert_eq!(cfg.unsplit_max_tokens(), 0);
-    // Past a wave: lean up to 256 tokens per request, whatever the tile.
-    assert_eq!(path(1024, 32, 8, 128, 1024 * 256), "lean");
+    // Past a wave: lean up to 256 tokens per request, whatever the tile; over the scheduled
+    // partition from four lean waves (2112 CTAs at head_dim 128, group 4) when no KV heads stack.
+    assert_eq!(path(64, 32, 8, 128, 64 * 256), "lean");
+    assert_eq!(path(264, 32, 8, 128, 264 * 256), "lean-scheduled");
+    assert_eq!(path(1024, 32, 8, 128, 1024 * 256), "lean-scheduled");
     assert_eq!(path(1024, 32, 8, 128, 1024 * 272), "scheduled");
+}
+
+/// The lean kernel over the scheduled partition: from four lean waves of unstacked CTAs, with
+/// four lean waves' worth of spare chunks (at least a quarter of a CTA slot's share of the
+/// tokens per chunk, so equal lengths stay whole), within the workspace limit, 16-bit caches only.
+#[test]
+fn lean_scheduled_by_rule() {
+    let choose = |element, b: i32, hq: i32, hkv: i32, d: i32, max_workspace_bytes| {
+        let desc = decode_desc(element, b, hq, hkv, d);
+        (DecodeConfig::choose(&desc, &H200, max_workspace_bytes).unwrap(), desc)
+    };
+    let path = |element, b: i32, hq: i32, hkv: i32, d: i32, tokens: usize| {
+        let (cfg, desc) = choose(element, b, hq, hkv, d, usize::MAX);
+        cfg.path(&desc, tokens / 16, Some(LEAN_MAX_AVG_TOKENS))
+    };
+    // The ragged scale row (2048 requests averaging 200 tokens, the longest 10 540): four lean
+    // waves of 66 chunks (528 CTAs of 8 KV heads) of spare chunks, and a partition whose chunks
+    // are at least 410 620 / 264 tokens long.
+    let (cfg, desc) = choose(ElementKind::F16, 2048, 32, 8, 128, usize::MAX);
+    assert_eq!(cfg.lean_spare_chunks, 4 * 66);
+    assert_eq!(cfg.path(&desc, 410_620 / 16 + 2048, Some(LEAN_MAX_AVG_TOKENS)), DecodePath::LeanScheduled);
+    let partition = cfg.partition(&desc, DecodePath::LeanScheduled);
+    assert_eq!((partition.num_chunks, partition.balance_chunks, partition.min_chunk), (2048 + 264, 264, 32));
+    // The standard kernel's partition is the configuration's, whatever the lean one.
+    assert_eq!(cfg.partition(&desc, DecodePath::Scheduled).num_chunks, cfg.num_chunks(&desc));
+    // The workspace holds the larger partition's partials and the lean launch's split state.
+    let without = DecodeConfig { lean_spare_chunks: 0, ..cfg };
+    assert!(cfg.workspace_size(&desc) > without.workspace_size(&desc));
+    // Too small a workspace for the lean partition: the plain lean kernel.
+    let (small, desc) = choose(ElementKind::F16, 2048, 32, 8, 128, without.workspace_size(&desc));
+    assert_eq!(small.lean_spare_chunks, 0);
+    assert_eq!(small.path(&desc, 2048 * 200 / 16, Some(LEAN_MAX_AVG_TOKENS)), DecodePath::Lean);
+    // Below four lean waves, or with stacked KV heads, or over an 8-bit cache: the lean kernel.
+    assert_eq!(path(ElementKind::F16, 263, 32, 8, 128, 263 * 200), DecodePath::Lean);
+    assert_eq!(path(ElementKind::F16, 264, 32, 8, 128, 264 * 200), DecodePath::LeanScheduled);
+    assert_eq!(path(ElementKind::BF16, 4096, 32, 8, 64, 4096 * 200), DecodePath::LeanScheduled);
+    assert_eq!(path(ElementKind::F16, 16384, 32, 8, 128, 16384 * 64), DecodePath::Lean);
+    assert_eq!(path(ElementKind::E4M3, 4096, 32, 8, 128, 4096 * 200), DecodePath::Lean);
+    assert_eq!(choose(ElementKind::E4M3, 4096, 32, 8, 128, usize::MAX).0.lean_spare_chunks, 0);
+    // Equal lengths stay whole: the least chunk is at least the average length.
+    for (b, len) in [(264u64, 256u64), (1024, 130), (4096, 256), (16384, 200)] {
+        let (cfg, desc) = choose(ElementKind::F16, b as i32, 32, 8, 128, usize::MAX);
+        let partition = cfg.partition(&desc, DecodePath::LeanScheduled);
+        assert!((b * len).div_ceil(partition.balance_chunks as u64) >= len, "{b} × {len}");
+    }
 }
 
 /// The variant suite's stacked edge case (batch 1200 of ≤ 22 tokens, 16/4 heads) stacks all four

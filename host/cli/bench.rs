@@ -15,8 +15,8 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::{
-    AttentionVariantDescriptor, BatchPagedDecodePlan, Device, Element, Error, KvLayout, PlanPreference,
-    Result, StablePageTable, ptx,
+    AttentionVariantDescriptor, BatchPagedDecodePlan, DecodePath, Device, Element, Error, KvLayout,
+    PlanPreference, Result, StablePageTable, ptx,
 };
 use serde::{Deserialize, Serialize};
 
@@ -150,6 +150,9 @@ pub struct BenchOptions {
     /// Most CTAs of a guessing launch instead of the plan's bound
     /// ([`PlanPreference::guess_max_ctas`]).
     pub guess_max_ctas: Option<u32>,
+    /// Spare chunks of the lean kernel's scheduled partition instead of the plan's rule
+    /// ([`PlanPreference::lean_spare_chunks`]).
+    pub lean_spare_chunks: Option<u32>,
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
@@ -297,8 +300,17 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
         tb_s,
         pct_of_ceiling: 100.0 * tb_s / ceiling,
         num_splits: plan.config().num_splits,
-        num_chunks: plan.config().num_chunks(plan.descriptor()),
-        launched_chunks: plan.config().launched_chunks(plan.descriptor(), host.indices.len()),
+        num_chunks: plan.config().partition(plan.descriptor(), plan.path(host.indices.len())).num_chunks,
+        launched_chunks: {
+            let (config, desc, n) = (plan.config(), plan.descriptor(), host.indices.len());
+            let tokens = config.attended_tokens(desc, n);
+            match plan.path(n) {
+                DecodePath::LeanScheduled => config
+                    .partition(desc, DecodePath::LeanScheduled)
+                    .launched_chunks(desc.batch_size as u32, tokens),
+                _ => config.launched_chunks(desc, n),
+            }
+        },
         path: {
             let (path, n) = (plan.path(host.indices.len()).name(), host.indices.len());
             match plan.stacked_kv_heads(n) {
@@ -345,6 +357,7 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         lean_max_avg_tokens: opts.lean_max_avg_tokens,
         max_stacked_kv_heads: opts.max_stacked_kv_heads,
         guess_max_ctas: opts.guess_max_ctas,
+        lean_spare_chunks: opts.lean_spare_chunks,
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);

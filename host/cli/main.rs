@@ -106,6 +106,9 @@ enum Command {
         /// Most CTAs of a launch that guesses its page lookup (default launch; 0: never; tuning).
         #[arg(long)]
         guess_ctas: Option<u32>,
+        /// Spare chunks of the lean kernel's scheduled partition (0: whole requests; tuning).
+        #[arg(long)]
+        lean_spare: Option<u32>,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -163,6 +166,7 @@ fn main() -> ExitCode {
             lean_tokens,
             stack,
             guess_ctas,
+            lean_spare,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -176,6 +180,7 @@ fn main() -> ExitCode {
             lean_max_avg_tokens: lean_tokens,
             max_stacked_kv_heads: stack,
             guess_max_ctas: guess_ctas,
+            lean_spare_chunks: lean_spare,
         }),
     };
     match result {

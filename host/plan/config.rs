@@ -44,6 +44,12 @@ pub const LEAN_CTA_FIXED_TILES: u64 = 1;
 /// split's partition and merge cost more than the one tile it would take off the chain (batch 1
 /// at 128 tokens: 3.6 µs whole, 4.7 split, run 89).
 pub const UNSPLIT_MAX_TILES: u64 = 2;
+/// Lean waves of CTAs from which the lean kernel runs over a scheduled partition
+/// ([`DecodePath::LeanScheduled`]), and the spare chunks of that partition in lean waves' worth
+/// of chunks: a request is cut only when it is longer than a quarter of a lean CTA slot's share
+/// of the batch's tokens, so equal lengths stay whole, and a long request's chunks take at most
+/// about a quarter of the launch.
+pub const LEAN_SPLIT_WAVES: u32 = 4;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
 /// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
@@ -118,6 +124,10 @@ pub struct DecodeConfig {
     /// The lean kernel's launch (16-bit and 8-bit caches, head_dim 64 or 128), which `run` takes for
     /// short requests ([`PlanPreference::lean_max_avg_tokens`]).
     pub lean: Option<LeanLaunch>,
+    /// Spare chunks of the lean kernel's scheduled partition ([`DecodePath::LeanScheduled`]),
+    /// which also balances over them: a request longer than `total tokens / lean_spare_chunks`
+    /// is cut into chunks of about that length. 0: the lean kernel never splits.
+    pub lean_spare_chunks: u32,
     /// The plan's sliding window ([`AttentionVariantDescriptor::window_left`]; `choose` leaves
     /// it `None`): no request attends to more than `window_left + 1` tokens, which bounds the
     /// chunks launched and the lean rule's tokens per request ([`Self::attended_tokens`]).
@@ -137,6 +147,10 @@ pub enum DecodePath {
     /// The schedule kernel computes the partition once, then the split kernel runs
     /// ([`DecodeConfig::is_scheduled`]).
     Scheduled,
+    /// Short requests over many lean waves: the schedule kernel computes a partition that cuts
+    /// only requests much longer than the average ([`DecodeConfig::lean_spare_chunks`]), then
+    /// the lean split kernel runs.
+    LeanScheduled,
 }
 
 impl DecodePath {
@@ -147,7 +161,43 @@ impl DecodePath {
             DecodePath::Lean => "lean",
             DecodePath::Split => "split",
             DecodePath::Scheduled => "scheduled",
+            DecodePath::LeanScheduled => "lean-scheduled",
         }
+    }
+
+    /// Whether the launch splits requests (partials, a merge and a workspace).
+    pub fn splits(self) -> bool {
+        matches!(self, DecodePath::Split | DecodePath::Scheduled | DecodePath::LeanScheduled)
+    }
+}
+
+/// The length-aware partition a splitting launch asks of the kernels ([`crate::params`]'s
+/// `num_chunks`, `min_chunk`, `preferred_chunk` and `balance_items`; see
+/// `kernels-gpu/src/partition.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPartition {
+    /// Chunks per head block.
+    pub num_chunks: u32,
+    /// Smallest chunk, in tokens.
+    pub min_chunk: u32,
+    /// Chunk size preferred while half the chunks stay busy.
+    pub preferred_chunk: u32,
+    /// Chunks at least `total tokens / balance_chunks` long (0: no such bound).
+    pub balance_chunks: u32,
+}
+
+impl ChunkPartition {
+    /// CTAs per head block along the chunk dimension for `batch` requests of at most `tokens`
+    /// tokens together ([`crate::chunking::max_items`]).
+    pub fn launched_chunks(&self, batch: u32, tokens: u64) -> u32 {
+        crate::chunking::max_items(
+            batch,
+            self.num_chunks,
+            tokens,
+            self.min_chunk,
+            self.preferred_chunk,
+            self.balance_chunks,
+        )
     }
 }
 
@@ -316,7 +366,22 @@ impl DecodeConfig {
     /// The f32 CUDA-core kernel's wave stays at 16 CTAs per SM, as `select` asks the driver only
     /// for the tensor-core kernels: its 61 registers hold 8, but counting those measured slower
     /// on some rows (run 147; the kernel is bound by its arithmetic, not its bytes).
+    ///
+    /// Lean launches of at least [`LEAN_SPLIT_WAVES`] waves of unstacked CTAs take the lean
+    /// kernel's scheduled partition ([`Self::lean_spare_chunks`]) where the workspace holds it.
     pub fn choose_residency(
+        desc: &BatchPagedDecodeDescriptor,
+        props: &DeviceProps,
+        max_workspace_bytes: usize,
+        residency: Residency,
+    ) -> Result<Self> {
+        let config = Self::choose_split(desc, props, max_workspace_bytes, residency)?;
+        let lean_split = Self { lean_spare_chunks: config.lean_split_spare(desc), ..config };
+        Ok(if lean_split.fits(desc, max_workspace_bytes) { lean_split } else { config })
+    }
+
+    /// The kernel, split count and spare chunks of [`Self::choose_residency`].
+    fn choose_split(
         desc: &BatchPagedDecodeDescriptor,
         props: &DeviceProps,
         max_workspace_bytes: usize,
@@ -371,6 +436,7 @@ impl DecodeConfig {
             preferred_chunk: PREFERRED_CHUNK_TILES * min_chunk,
             wave_ctas: wave.min(u32::MAX as u64) as u32,
             lean: LeanLaunch::for_descriptor(desc, props),
+            lean_spare_chunks: 0,
             window_left: None,
         };
         let base = desc.batch_size.max(0) as u64 * probe.ctas_per_chunk(desc); // CTAs, unsplit
@@ -448,6 +514,56 @@ impl DecodeConfig {
         desc.paged_kv.num_kv_heads.max(1) as u64 * self.head_blocks.max(1) as u64
     }
 
+    /// The lean kernel's spare chunks by the rule: [`LEAN_SPLIT_WAVES`] lean waves' worth of
+    /// chunks, for a scheduled configuration of a 16-bit cache (the 8-bit caches have no lean
+    /// split entry) whose batch fills that many lean waves; 0 otherwise.
+    fn lean_split_spare(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        match self.lean {
+            Some(lean) if self.is_scheduled(desc) && desc.paged_kv.element.fp8_layout().is_none() => {
+                let per_chunk = desc.paged_kv.num_kv_heads.max(1) as u64 * lean.head_blocks.max(1) as u64;
+                let spare = LEAN_SPLIT_WAVES as u64 * (lean.wave_ctas as u64 / per_chunk).max(1);
+                let batch = desc.batch_size.max(0) as u64;
+                if batch.saturating_mul(per_chunk) >= LEAN_SPLIT_WAVES as u64 * lean.wave_ctas as u64 {
+                    spare.min(u32::MAX as u64) as u32
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        }
+    }
+
+    /// This configuration with `lean_spare_chunks` ([`PlanPreference::lean_spare_chunks`]); 0
+    /// turns the lean kernel's split off.
+    pub fn with_lean_spare_chunks(
+        self,
+        desc: &BatchPagedDecodeDescriptor,
+        lean_spare_chunks: u32,
+    ) -> Result<Self> {
+        Self { lean_spare_chunks, ..self }.within_grid(desc, "batch_size + lean_spare_chunks")
+    }
+
+    /// The partition a splitting launch on `path` asks of the kernels: on
+    /// [`DecodePath::LeanScheduled`], `batch + lean_spare_chunks` chunks balanced over the spare
+    /// ones, at least a lean tile each; otherwise the configuration's.
+    pub fn partition(&self, desc: &BatchPagedDecodeDescriptor, path: DecodePath) -> ChunkPartition {
+        match (path, self.lean) {
+            (DecodePath::LeanScheduled, Some(lean)) => ChunkPartition {
+                num_chunks: (desc.batch_size.max(0) as u64 + self.lean_spare_chunks as u64)
+                    .min(u32::MAX as u64) as u32,
+                min_chunk: lean.tile_tokens,
+                preferred_chunk: PREFERRED_CHUNK_TILES.saturating_mul(lean.tile_tokens),
+                balance_chunks: self.lean_spare_chunks,
+            },
+            _ => ChunkPartition {
+                num_chunks: self.num_chunks(desc),
+                min_chunk: self.min_chunk,
+                preferred_chunk: self.preferred_chunk,
+                balance_chunks: self.balance_chunks,
+            },
+        }
+    }
+
     /// CTAs per SM the wave counts (`wave_ctas / sm_count`).
     pub fn ctas_per_sm(&self, props: &DeviceProps) -> u32 {
         self.wave_ctas / props.sm_count.max(1)
@@ -487,7 +603,14 @@ impl DecodeConfig {
 
     /// Whether the split kernels' chunks fit along grid y.
     fn grid_holds(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
-        !self.is_split() || self.num_chunks(desc) <= MAX_GRID_Y
+        !self.is_split() || self.workspace_chunks(desc) <= MAX_GRID_Y
+    }
+
+    /// Chunks the workspace holds partials for: the configuration's, and the lean kernel's
+    /// scheduled partition's when it has one.
+    fn workspace_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
+        let lean = self.partition(desc, DecodePath::LeanScheduled).num_chunks;
+        if self.lean_spare_chunks > 0 { self.num_chunks(desc).max(lean) } else { self.num_chunks(desc) }
     }
 
     /// This configuration, or [`Error::Unsupported`] naming its chunk count `what` when the
@@ -496,7 +619,7 @@ impl DecodeConfig {
         if !self.grid_holds(desc) {
             return Err(Error::Unsupported(format!(
                 "{what} = {} exceeds the grid limit {MAX_GRID_Y}",
-                self.num_chunks(desc)
+                self.workspace_chunks(desc)
             )));
         }
         Ok(self)
@@ -527,14 +650,8 @@ impl DecodeConfig {
         if !self.is_split() {
             return batch;
         }
-        crate::chunking::max_items(
-            batch,
-            self.num_chunks(desc),
-            self.attended_tokens(desc, num_indices),
-            self.min_chunk,
-            self.preferred_chunk,
-            self.balance_chunks,
-        )
+        let tokens = self.attended_tokens(desc, num_indices);
+        self.partition(desc, DecodePath::Scheduled).launched_chunks(batch, tokens)
     }
 
     /// Most tokens a batch with a page table of `num_indices` slots attends to: the slots'
@@ -553,7 +670,10 @@ impl DecodeConfig {
     /// - lean, when the table holds at most `lean_max_avg_tokens` tokens per request and either
     ///   the batch's lean CTAs fill more than one wave of the standard kernel's, or the table
     ///   holds at most one lean tile of tokens per request (within a wave, the lean CTA's
-    ///   shorter chain wins only then: its tiles are half the standard kernel's);
+    ///   shorter chain wins only then: its tiles are half the standard kernel's); lean over a
+    ///   scheduled partition when the configuration has one ([`Self::lean_spare_chunks`]), the
+    ///   launch has at least [`LEAN_SPLIT_WAVES`] lean waves and the rule stacks no KV heads:
+    ///   a long request among short ones then no longer runs whole on one CTA per KV head;
     /// - whole, when the configuration does not split, the table is too short for any request
     ///   to take two chunks, or it holds so few tokens that no request is worth splitting
     ///   ([`Self::unsplit_max_tokens`]): the same work without the partition, the workspace or
@@ -573,7 +693,11 @@ impl DecodeConfig {
             let fills =
                 ctas > self.wave_ctas as u64 || tokens <= (lean.tile_tokens as u64).saturating_mul(batch);
             if tokens <= (bound as u64).saturating_mul(batch) && fills {
-                return DecodePath::Lean;
+                let split = self.lean_spare_chunks > 0
+                    && self.is_scheduled(desc)
+                    && ctas >= (LEAN_SPLIT_WAVES as u64).saturating_mul(lean.wave_ctas as u64)
+                    && lean.stack_shift(desc, tokens, u32::MAX) == 0;
+                return if split { DecodePath::LeanScheduled } else { DecodePath::Lean };
             }
         }
         if !self.is_split()
@@ -622,10 +746,17 @@ impl DecodeConfig {
     }
 
     pub(super) fn workspace_layout(&self, desc: &BatchPagedDecodeDescriptor) -> WorkspaceLayout {
-        let chunks = self.num_chunks(desc);
+        let chunks = self.workspace_chunks(desc);
         // Saturating: total for any configuration (`select` bounds the real ones).
         let round = |bytes: usize| bytes.checked_next_multiple_of(256).unwrap_or(usize::MAX);
-        let slots = (desc.batch_size.max(0) as usize).saturating_mul(self.ctas_per_chunk(desc) as usize);
+        let lean_ctas_per_chunk = match self.lean {
+            Some(lean) if self.lean_spare_chunks > 0 => {
+                desc.paged_kv.num_kv_heads.max(1) as u64 * lean.head_blocks.max(1) as u64
+            }
+            _ => 0,
+        };
+        let ctas_per_chunk = self.ctas_per_chunk(desc).max(lean_ctas_per_chunk);
+        let slots = (desc.batch_size.max(0) as usize).saturating_mul(ctas_per_chunk as usize);
         let state = round(slots.saturating_mul(8));
         let rows = (chunks as usize).saturating_mul(desc.num_qo_heads.max(0) as usize);
         let o_bytes = round(rows.saturating_mul(desc.paged_kv.head_dim.max(0) as usize).saturating_mul(4));

@@ -121,6 +121,9 @@ fn configure(
     if let Some(n) = pref.spare_chunks {
         config = config.with_spare_chunks(desc, n)?;
     }
+    if let Some(n) = pref.lean_spare_chunks {
+        config = config.with_lean_spare_chunks(desc, n)?;
+    }
     if config.workspace_size(desc) > pref.max_workspace_bytes {
         return Err(Error::Unsupported(format!(
             "the plan needs {} workspace bytes; max_workspace_bytes is {}",
@@ -143,6 +146,8 @@ struct DecodeEntries {
     schedule: Option<&'static str>,
     /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
     lean: Option<String>,
+    /// With it, the lean split kernel, when the configuration has a lean scheduled partition.
+    lean_split: Option<String>,
     /// Default programmatic launches with plain logits: the entries of the whole kernel and of
     /// the lean one that guess their page lookup ([`entry::decode_guess`]).
     guess_whole: Option<String>,
@@ -173,6 +178,9 @@ impl DecodeEntries {
             whole: split.then(|| name(DecodeVariant::Whole)),
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
             lean: lean.map(|_| name(DecodeVariant::Lean)),
+            lean_split: lean
+                .filter(|_| config.lean_spare_chunks > 0 && config.is_scheduled(desc))
+                .map(|_| name(DecodeVariant::LeanSplit)),
             guess_whole: guess.then(|| entry::decode_guess(DecodeVariant::Whole, q_element, cache, d)),
             guess_lean: lean
                 .filter(|_| guess)
@@ -225,6 +233,9 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     schedule_fn: Option<CudaFunction>,
     /// The lean kernel, for short requests ([`DecodeConfig::lean`]).
     lean_fn: Option<CudaFunction>,
+    /// The lean split kernel, for short requests over a scheduled partition
+    /// ([`DecodeConfig::lean_spare_chunks`]).
+    lean_split_fn: Option<CudaFunction>,
     /// The whole and lean kernels that guess their page lookup before the wait, launched instead
     /// of `whole_fn` (or the unsplit `decode_fn`) and `lean_fn` when their grid has at most
     /// `guess_max_ctas` CTAs.
@@ -396,6 +407,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 Residency { split: resident(DecodeVariant::Split)?, whole: resident(DecodeVariant::Whole)? };
             config = configure_within(residency)?;
         }
+        if arch != ArchSku::Sm90 {
+            // The lean split entries are in the sm_90 build only.
+            config.lean_spare_chunks = 0;
+        }
         let entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
         let decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
         let whole_fn = match &entries.whole {
@@ -407,6 +422,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             None => None,
         };
         let lean_fn = match (config.lean, &entries.lean) {
+            (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
+            _ => None,
+        };
+        let lean_split_fn = match (config.lean, &entries.lean_split) {
             (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
             _ => None,
         };
@@ -422,6 +441,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             whole_fn,
             schedule_fn,
             lean_fn,
+            lean_split_fn,
             guess_whole_fn,
             guess_lean_fn,
             guess_max_ctas: pref.guess_max_ctas.unwrap_or(props.sm_count),
@@ -627,7 +647,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         let num_indices = args.indices.shape[0].max(0) as u32;
         let path = self.path(num_indices as usize);
         let stack_shift = self.stack_shift(path, num_indices as usize);
-        let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
+        let split = path.splits();
         let layout = self.config.workspace_layout(&self.desc);
         if split {
             workspace.bind_split_state(layout.state_bytes)?;
@@ -641,8 +661,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             _ => (0, None),
         };
         let at = |offset: usize| if split { ws_base + offset as u64 } else { 0 };
-        let scheduled = path == DecodePath::Scheduled;
-        let heads_along_x = self.config.heads_along_x;
+        let scheduled = matches!(path, DecodePath::Scheduled | DecodePath::LeanScheduled);
+        // The lean split kernel's CTAs run chunk-major (its launches span several waves).
+        let heads_along_x = self.config.heads_along_x || path == DecodePath::LeanScheduled;
+        let partition = self.config.partition(&self.desc, path);
         let p = DecodeParams {
             q,
             k_data: k,
@@ -665,10 +687,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             page_size: kv.page_size as u32,
             num_total_pages: kv.num_total_pages as u32,
             num_indices,
-            num_chunks: if split { self.config.num_chunks(&self.desc) } else { self.desc.batch_size as u32 },
-            min_chunk: self.config.min_chunk,
-            preferred_chunk: self.config.preferred_chunk,
-            balance_items: self.config.balance_chunks,
+            num_chunks: if split { partition.num_chunks } else { self.desc.batch_size as u32 },
+            min_chunk: partition.min_chunk,
+            preferred_chunk: partition.preferred_chunk,
+            balance_items: partition.balance_chunks,
             heads_along_x: heads_along_x as u32,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
@@ -723,27 +745,35 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
 
     /// The kernel and grid of `run`'s decode launch on `path`.
     fn launch_for(&self, path: DecodePath, stack_shift: u32, num_indices: usize) -> Launch<'_> {
-        let split = matches!(path, DecodePath::Split | DecodePath::Scheduled);
+        let split = path.splits();
+        let lean_fn = match path {
+            DecodePath::LeanScheduled => &self.lean_split_fn,
+            _ => &self.lean_fn,
+        };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.
-        let (kernel, head_blocks, smem_bytes) = match (path, self.config.lean, &self.lean_fn, &self.whole_fn)
-        {
-            (DecodePath::Lean, Some(lean), Some(lean_fn), _) => (lean_fn, lean.head_blocks, lean.smem_bytes),
+        let (kernel, head_blocks, smem_bytes) = match (path, self.config.lean, lean_fn, &self.whole_fn) {
+            (DecodePath::Lean | DecodePath::LeanScheduled, Some(lean), Some(lean_fn), _) => {
+                (lean_fn, lean.head_blocks, lean.smem_bytes)
+            }
             (DecodePath::Whole, _, _, Some(whole)) => {
                 (whole, self.config.head_blocks, self.config.smem_bytes)
             }
             _ => (&self.decode_fn, self.config.head_blocks, self.config.smem_bytes),
         };
         let head_blocks = (self.desc.paged_kv.num_kv_heads as u32 * head_blocks) >> stack_shift;
+        let batch = self.desc.batch_size as u32;
+        let tokens = self.config.attended_tokens(&self.desc, num_indices);
         let chunks = if split {
-            self.config.launched_chunks(&self.desc, num_indices)
+            self.config.partition(&self.desc, path).launched_chunks(batch, tokens)
         } else {
-            self.desc.batch_size as u32
+            batch
         };
+        let heads_along_x = self.config.heads_along_x || path == DecodePath::LeanScheduled;
         let config = LaunchConfig {
             // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
             // otherwise x runs over the chunks (the requests, unsplit).
-            grid_dim: if split && self.config.heads_along_x {
+            grid_dim: if split && heads_along_x {
                 (head_blocks, chunks, 1)
             } else {
                 (chunks, head_blocks, 1)
@@ -758,7 +788,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             _ if ctas > self.guess_max_ctas as u64 => None,
             DecodePath::Lean => self.guess_lean_fn.as_ref(),
             DecodePath::Whole => self.guess_whole_fn.as_ref(),
-            DecodePath::Split | DecodePath::Scheduled => None,
+            DecodePath::Split | DecodePath::Scheduled | DecodePath::LeanScheduled => None,
         };
         Launch { kernel: guessing_kernel.unwrap_or(kernel), config, guessing: guessing_kernel.is_some() }
     }
@@ -769,7 +799,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     pub fn path(&self, num_indices: usize) -> DecodePath {
         let lean_bound =
             self.lean_fn.as_ref().map(|_| self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS));
-        self.config.path(&self.desc, num_indices, lean_bound)
+        match self.config.path(&self.desc, num_indices, lean_bound) {
+            DecodePath::LeanScheduled if self.lean_split_fn.is_none() => DecodePath::Lean,
+            path => path,
+        }
     }
 
     /// KV heads each CTA covers for a page table of `num_indices` slots: more than one only on

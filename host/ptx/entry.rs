@@ -23,9 +23,12 @@ pub enum DecodeVariant {
     Split,
     /// The lean tensor-core kernel for short requests ([`DecodeKernel::Mma`] only).
     Lean,
+    /// The lean kernel over the scheduled partition: a long request among short ones is cut
+    /// into chunks and merged ([`DecodeKernel::Mma`] over a 16-bit cache only).
+    LeanSplit,
 }
 
-/// `decode_{mma|simt}[_split|_lean]_{element}_d{head_dim}`.
+/// `decode_{mma|simt}[_split|_lean|_lean_split]_{element}_d{head_dim}`.
 pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind, head_dim: u32) -> String {
     decode_name(kernel, "", variant, element, head_dim)
 }
@@ -56,6 +59,7 @@ fn decode_name(
         DecodeVariant::Whole => "",
         DecodeVariant::Split => "_split",
         DecodeVariant::Lean => "_lean",
+        DecodeVariant::LeanSplit => "_lean_split",
     };
     format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
 }
@@ -67,7 +71,7 @@ fn decode_name(
 pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
         DecodeVariant::Lean => "_lean",
-        DecodeVariant::Whole | DecodeVariant::Split => "",
+        DecodeVariant::Whole | DecodeVariant::Split | DecodeVariant::LeanSplit => "",
     };
     let elements = match cache.fp8_layout() {
         Some(_) => format!("{}_{}", element_name(q), element_name(cache)),
@@ -83,6 +87,7 @@ pub fn decode_fp8(variant: DecodeVariant, q: ElementKind, cache: ElementKind, he
         DecodeVariant::Whole => "",
         DecodeVariant::Split => "_split",
         DecodeVariant::Lean => "_lean",
+        DecodeVariant::LeanSplit => "_lean_split",
     };
     format!("decode_mma{variant}_{}_{}_d{head_dim}", element_name(q), element_name(cache))
 }
@@ -149,13 +154,17 @@ pub fn all() -> Vec<String> {
     names
 }
 
-/// The entries of the sm_90 build only, in their order of definition: the guessing whole and
+/// The entries of the sm_90 build only, in their order of definition: the lean split entries
+/// per 16-bit element type at [`LEAN_HEAD_DIMS`]; the guessing whole and
 /// lean entries ([`decode_guess`]) per 16-bit element type, then per 8-bit cache format and q
 /// type; the tensor-core decode over 8-bit caches, whole and split, per cache format, q type and
 /// head_dim; the lean ones at [`LEAN_HEAD_DIMS`]; then the quantizing appends.
 pub fn sm90_only() -> Vec<String> {
-    use DecodeVariant::{Lean, Split, Whole};
+    use DecodeVariant::{Lean, LeanSplit, Split, Whole};
     let mut names = Vec::new();
+    for element in [ElementKind::F16, ElementKind::BF16] {
+        names.extend(LEAN_HEAD_DIMS.map(|d| decode(DecodeKernel::Mma, LeanSplit, element, d)));
+    }
     for element in [ElementKind::F16, ElementKind::BF16] {
         names.extend(SUPPORTED_HEAD_DIMS.map(|d| decode_guess(Whole, element, element, d as u32)));
     }

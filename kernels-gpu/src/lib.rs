@@ -123,6 +123,23 @@ decode_mma_entry!(decode_mma_lean_f16_d128, Native<F16>, 128, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d64, Native<BF16>, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d128, Native<BF16>, 128, Lean, false);
 
+/// Lean tiling, split: a long request among many short ones, cut by the scheduled partition.
+/// sm_90 only: at the lean entries' 128 registers the sm_80 build spills the split chunk's
+/// fields around the main loop.
+#[cfg(target_feature = "sm_90")]
+mod lean_split_entries {
+    use crate::cache::Native;
+    use crate::decode::{self, Lean, Tiling};
+    use crate::element::{BF16, F16};
+    use crate::params::{DecodeParams, decode_merge_batch};
+    use crate::variant::Plain;
+
+    decode_mma_entry!(decode_mma_lean_split_f16_d64, Native<F16>, 64, Lean, true);
+    decode_mma_entry!(decode_mma_lean_split_f16_d128, Native<F16>, 128, Lean, true);
+    decode_mma_entry!(decode_mma_lean_split_bf16_d64, Native<BF16>, 64, Lean, true);
+    decode_mma_entry!(decode_mma_lean_split_bf16_d128, Native<BF16>, 128, Lean, true);
+}
+
 /// Whole-request entries that guess their page lookup before `griddepcontrol.wait` (the
 /// default programmatic launch of at most one CTA per SM; see `decode::decode_mma`), with plain
 /// logits: sm_90 only, where CTAs start under the previous kernel.
