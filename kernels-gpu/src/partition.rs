@@ -126,13 +126,7 @@ unsafe fn request_pages_read<const THROUGH_L2: bool>(p: &DecodeParams, b: u32) -
 /// Request `b` (its window) as a single chunk (the unsplit kernels: item = request).
 #[inline(always)]
 pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
-    whole_request_of(p, b, unsafe { request_pages(p, b) })
-}
-
-/// Request `b` (its window) as a single chunk, from its `pages` as [`request_pages`] gives them.
-#[inline(always)]
-fn whole_request_of(p: &DecodeParams, b: u32, pages: (u32, u32, u32)) -> Chunk {
-    let (first_index, num_pages, len) = pages;
+    let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
     let begin = window_start(p, len);
     Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
 }
@@ -142,7 +136,9 @@ fn whole_request_of(p: &DecodeParams, b: u32, pages: (u32, u32, u32)) -> Chunk {
 /// could hit.
 #[inline(always)]
 pub unsafe fn whole_request_through_l2(p: &DecodeParams, b: u32) -> Chunk {
-    whole_request_of(p, b, unsafe { request_pages_read::<true>(p, b) })
+    let (first_index, num_pages, len) = unsafe { request_pages_read::<true>(p, b) };
+    let begin = window_start(p, len);
+    Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
 }
 
 /// `(item, head block, head blocks)` of this CTA. Items run along grid x and head blocks along y
@@ -310,17 +306,11 @@ unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
 pub unsafe fn mapped_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let map = p.item_map as *const u32;
     let (items, chunk_tokens) = unsafe { (ld_cg_u32(map), ld_cg_u32(map.add(1))) };
-    // Item `item` is request `item` unless the map says otherwise (`chunk_tokens != 0`): that
-    // request's page-table entries are loaded together with the map's header, not after it (one
-    // dependent round trip fewer when no request is cut), and kept through `opaque_u32`, so
-    // that LLVM cannot move their loads into the branch that uses them.
-    let (first_index, num_pages, len) = unsafe { request_pages(p, item.min(p.batch.saturating_sub(1))) };
-    let own = (opaque_u32(first_index), opaque_u32(num_pages), opaque_u32(len));
     if item >= items.min(p.num_chunks) {
         return None;
     }
     if chunk_tokens == 0 {
-        return (item < p.batch).then(|| whole_request_of(p, item, own));
+        return (item < p.batch).then(|| unsafe { whole_request(p, item) });
     }
     let pair = unsafe { map.add(2 + 2 * item as usize) };
     let request = unsafe { ld_cg_u32(pair) }.min(p.batch - 1);
