@@ -107,7 +107,8 @@ impl BatchPagedDecodeArgsLayout {
 
 /// The configuration [`BatchPagedDecodePlan::select`] takes: the rule's
 /// ([`DecodeConfig::choose_residency`]) with the preference's split and spare-chunk overrides,
-/// within its workspace limit.
+/// within its workspace limit, and no lean split where the portable build loads (its entries
+/// are in the sm_90 build only).
 fn configure(
     desc: &BatchPagedDecodeDescriptor,
     props: &DeviceProps,
@@ -123,6 +124,10 @@ fn configure(
     }
     if let Some(n) = pref.lean_spare_chunks {
         config = config.with_lean_spare_chunks(desc, n)?;
+    }
+    if ptx::build_for_preference(props.compute_capability, pref.allow_sm90a) != ArchSku::Sm90 {
+        // The lean split entries are in the sm_90 build only.
+        config = config.with_lean_spare_chunks(desc, 0)?;
     }
     if config.workspace_size(desc) > pref.max_workspace_bytes {
         return Err(Error::Unsupported(format!(
@@ -406,10 +411,6 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             let residency =
                 Residency { split: resident(DecodeVariant::Split)?, whole: resident(DecodeVariant::Whole)? };
             config = configure_within(residency)?;
-        }
-        if arch != ArchSku::Sm90 {
-            // The lean split entries are in the sm_90 build only.
-            config.lean_spare_chunks = 0;
         }
         let entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
         let decode_fn = device::function(ctx, arch, &entries.decode, config.smem_bytes)?;
@@ -874,7 +875,7 @@ mod tests {
     /// not.
     fn descriptors() -> impl Iterator<Item = BatchPagedDecodeDescriptor> {
         let elements = ElementKind::ALL;
-        let shapes = [(1, 1, 1), (3, 8, 4), (64, 8, 8), (1000, 2, 16), (33, 1, 64)];
+        let shapes = [(1, 1, 1), (3, 8, 4), (64, 8, 8), (1000, 2, 16), (33, 1, 64), (600, 8, 4)];
         elements.into_iter().flat_map(move |element| {
             [32, 64, 96, 128, 256].into_iter().flat_map(move |head_dim| {
                 shapes.map(|(batch_size, num_kv_heads, group)| BatchPagedDecodeDescriptor {
@@ -944,6 +945,7 @@ mod tests {
                                     e.whole.as_deref(),
                                     e.schedule,
                                     e.lean.as_deref(),
+                                    e.lean_split.as_deref(),
                                     e.guess_whole.as_deref(),
                                     e.guess_lean.as_deref(),
                                 ];
