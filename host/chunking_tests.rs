@@ -129,6 +129,41 @@ fn a_long_request_gets_the_spare_chunks() {
     assert!(n[..23].iter().all(|&n| n == 1) && n[23] >= 20, "chunk {chunk}, {n:?}");
 }
 
+/// The lean kernel's scheduled partition (`DecodeConfig::lean_spare_chunks`): `batch + S` chunks
+/// balanced over the `S` spare ones, `S ≤ batch`. Its least chunk size always fits (no search),
+/// equal lengths stay whole, and the zipf-like scale row's longest request is cut to chunks of
+/// `total / S` tokens.
+#[test]
+fn the_lean_partition_takes_its_least_chunk() {
+    let lean = |lens: &[u32], spare: u32| {
+        let total: u64 = lens.iter().map(|&l| l as u64).sum();
+        let (chunk, n) = partition_keeping(lens, lens.len() as u32 + spare, 32, 128, spare, 128);
+        let (lo, _) = chunk_bounds(
+            total,
+            *lens.iter().max().unwrap(),
+            lens.len() as u32,
+            lens.len() as u32 + spare,
+            32,
+            128,
+            spare,
+        );
+        assert_eq!(chunk, lo, "the least chunk fits");
+        (chunk, n)
+    };
+    for (batch, len) in [(264u32, 256u32), (1024, 130), (4096, 256), (16384, 200)] {
+        let (_, n) = lean(&vec![len; batch as usize], 264);
+        assert!(n.iter().all(|&n| n == 1), "{batch} × {len}");
+    }
+    let mut lens: Vec<u32> = (0..2048).map(|i| (i * 37) % 301).collect();
+    lens[5] = 10_540;
+    lens[700] = 7_394;
+    let total: u32 = lens.iter().sum();
+    let (chunk, n) = lean(&lens, 264);
+    assert_eq!(chunk, total.div_ceil(264).next_multiple_of(16));
+    assert_eq!((n[5], n[700]), (10_540u32.div_ceil(chunk), 7_394u32.div_ceil(chunk)));
+    assert!(n.iter().enumerate().all(|(i, &n)| i == 5 || i == 700 || n == 1));
+}
+
 /// The decode's page-table bound ([`MAX_TABLE_TOKENS`]) is what keeps the upper bound on the
 /// chunk size fitting: a request of that many tokens is one chunk of `round16` of its length,
 /// while one token more would need two chunks of the saturated rounding (and a batch allowed
