@@ -171,8 +171,8 @@ impl DecodePath {
     }
 }
 
-/// The length-aware partition a splitting launch asks of the kernels ([`crate::params`]'s
-/// `num_chunks`, `min_chunk`, `preferred_chunk` and `balance_items`; see
+/// The length-aware partition a splitting launch asks of the kernels (the `num_chunks`,
+/// `min_chunk`, `preferred_chunk` and `balance_items` of its parameter block; see
 /// `kernels-gpu/src/partition.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkPartition {
@@ -188,7 +188,7 @@ pub struct ChunkPartition {
 
 impl ChunkPartition {
     /// CTAs per head block along the chunk dimension for `batch` requests of at most `tokens`
-    /// tokens together ([`crate::chunking::max_items`]).
+    /// tokens together (`max_items` in `kernels-gpu/src/chunking.rs`).
     pub fn launched_chunks(&self, batch: u32, tokens: u64) -> u32 {
         crate::chunking::max_items(
             batch,

@@ -16,8 +16,9 @@ mod table_check;
 
 pub use append::{PagedKvAppendArgs, PagedKvAppendArgsLayout, PagedKvAppendPairedArgs, PagedKvAppendPlan};
 pub use config::{
-    DecodeConfig, DecodeKernel, DecodePath, LEAN_CTA_FIXED_TILES, LEAN_MAX_AVG_TOKENS, LeanLaunch,
-    MAX_SPLITS, MAX_TABLE_TOKENS, Residency, STACK_MAX_TOKENS, SUPPORTED_HEAD_DIMS, UNSPLIT_MAX_TILES,
+    ChunkPartition, DecodeConfig, DecodeKernel, DecodePath, LEAN_CTA_FIXED_TILES, LEAN_MAX_AVG_TOKENS,
+    LEAN_SPLIT_WAVES, LeanLaunch, MAX_SPLITS, MAX_TABLE_TOKENS, Residency, STACK_MAX_TOKENS,
+    SUPPORTED_HEAD_DIMS, UNSPLIT_MAX_TILES,
 };
 pub use decode::{BatchPagedDecodeArgs, BatchPagedDecodeArgsLayout, BatchPagedDecodePlan};
 
