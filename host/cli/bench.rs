@@ -15,8 +15,8 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::{
-    AttentionVariantDescriptor, BatchPagedDecodePlan, DecodePath, Device, Element, Error, KvLayout,
-    PlanPreference, Result, StablePageTable, ptx,
+    AttentionVariantDescriptor, BatchPagedDecodePlan, Device, Element, Error, KvLayout, PlanPreference,
+    Result, StablePageTable, ptx,
 };
 use serde::{Deserialize, Serialize};
 
@@ -301,16 +301,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
         pct_of_ceiling: 100.0 * tb_s / ceiling,
         num_splits: plan.config().num_splits,
         num_chunks: plan.config().partition(plan.descriptor(), plan.path(host.indices.len())).num_chunks,
-        launched_chunks: {
-            let (config, desc, n) = (plan.config(), plan.descriptor(), host.indices.len());
-            let tokens = config.attended_tokens(desc, n);
-            match plan.path(n) {
-                DecodePath::LeanScheduled => config
-                    .partition(desc, DecodePath::LeanScheduled)
-                    .launched_chunks(desc.batch_size as u32, tokens),
-                _ => config.launched_chunks(desc, n),
-            }
-        },
+        launched_chunks: plan.launched_chunks(host.indices.len()),
         path: {
             let (path, n) = (plan.path(host.indices.len()).name(), host.indices.len());
             match plan.stacked_kv_heads(n) {

@@ -184,6 +184,9 @@ pub struct ChunkPartition {
     pub preferred_chunk: u32,
     /// Chunks at least `total tokens / balance_chunks` long (0: no such bound).
     pub balance_chunks: u32,
+    /// Consecutive CTAs cover the KV heads and head blocks of one chunk (grid x), as
+    /// [`DecodeConfig::heads_along_x`].
+    pub heads_along_x: bool,
 }
 
 impl ChunkPartition {
@@ -248,6 +251,11 @@ impl LeanLaunch {
             tile_tokens: tiling.tile_tokens,
             sm_count: props.sm_count,
         })
+    }
+
+    /// CTAs per request, one KV head each (one per KV head and head block).
+    pub fn ctas_per_request(&self, desc: &BatchPagedDecodeDescriptor) -> u64 {
+        desc.paged_kv.num_kv_heads.max(0) as u64 * self.head_blocks as u64
     }
 
     /// log2 of the KV heads each lean CTA covers (`DecodeParams::stack_shift`) when the page
@@ -520,8 +528,8 @@ impl DecodeConfig {
     fn lean_split_spare(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
         match self.lean {
             Some(lean) if self.is_scheduled(desc) && desc.paged_kv.element.fp8_layout().is_none() => {
-                let per_chunk = desc.paged_kv.num_kv_heads.max(1) as u64 * lean.head_blocks.max(1) as u64;
-                let spare = LEAN_SPLIT_WAVES as u64 * (lean.wave_ctas as u64 / per_chunk).max(1);
+                let per_chunk = lean.ctas_per_request(desc);
+                let spare = LEAN_SPLIT_WAVES as u64 * (lean.wave_ctas as u64 / per_chunk.max(1)).max(1);
                 let batch = desc.batch_size.max(0) as u64;
                 if batch.saturating_mul(per_chunk) >= LEAN_SPLIT_WAVES as u64 * lean.wave_ctas as u64 {
                     spare.min(u32::MAX as u64) as u32
@@ -545,7 +553,8 @@ impl DecodeConfig {
 
     /// The partition a splitting launch on `path` asks of the kernels: on
     /// [`DecodePath::LeanScheduled`], `batch + lean_spare_chunks` chunks balanced over the spare
-    /// ones, at least a lean tile each; otherwise the configuration's.
+    /// ones, at least a lean tile each, chunk-major (its launches span several waves); otherwise
+    /// the configuration's.
     pub fn partition(&self, desc: &BatchPagedDecodeDescriptor, path: DecodePath) -> ChunkPartition {
         match (path, self.lean) {
             (DecodePath::LeanScheduled, Some(lean)) => ChunkPartition {
@@ -554,12 +563,14 @@ impl DecodeConfig {
                 min_chunk: lean.tile_tokens,
                 preferred_chunk: PREFERRED_CHUNK_TILES.saturating_mul(lean.tile_tokens),
                 balance_chunks: self.lean_spare_chunks,
+                heads_along_x: true,
             },
             _ => ChunkPartition {
                 num_chunks: self.num_chunks(desc),
                 min_chunk: self.min_chunk,
                 preferred_chunk: self.preferred_chunk,
                 balance_chunks: self.balance_chunks,
+                heads_along_x: self.heads_along_x,
             },
         }
     }
@@ -609,8 +620,18 @@ impl DecodeConfig {
     /// Chunks the workspace holds partials for: the configuration's, and the lean kernel's
     /// scheduled partition's when it has one.
     fn workspace_chunks(&self, desc: &BatchPagedDecodeDescriptor) -> u32 {
-        let lean = self.partition(desc, DecodePath::LeanScheduled).num_chunks;
-        if self.lean_spare_chunks > 0 { self.num_chunks(desc).max(lean) } else { self.num_chunks(desc) }
+        let chunks = self.num_chunks(desc);
+        if self.has_lean_partition(desc) {
+            chunks.max(self.partition(desc, DecodePath::LeanScheduled).num_chunks)
+        } else {
+            chunks
+        }
+    }
+
+    /// Whether the lean kernel may run over a scheduled partition ([`DecodePath::LeanScheduled`]):
+    /// spare chunks for it in a scheduled configuration, whose workspace holds the item map.
+    pub fn has_lean_partition(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
+        self.lean_spare_chunks > 0 && self.is_scheduled(desc)
     }
 
     /// This configuration, or [`Error::Unsupported`] naming its chunk count `what` when the
@@ -688,13 +709,11 @@ impl DecodeConfig {
         let batch = desc.batch_size.max(0) as u64;
         let tokens = self.attended_tokens(desc, num_indices);
         if let (Some(lean), Some(bound)) = (self.lean, lean_max_avg_tokens) {
-            let ctas =
-                batch.saturating_mul(desc.paged_kv.num_kv_heads.max(0) as u64 * lean.head_blocks as u64);
+            let ctas = batch.saturating_mul(lean.ctas_per_request(desc));
             let fills =
                 ctas > self.wave_ctas as u64 || tokens <= (lean.tile_tokens as u64).saturating_mul(batch);
             if tokens <= (bound as u64).saturating_mul(batch) && fills {
-                let split = self.lean_spare_chunks > 0
-                    && self.is_scheduled(desc)
+                let split = self.has_lean_partition(desc)
                     && ctas >= (LEAN_SPLIT_WAVES as u64).saturating_mul(lean.wave_ctas as u64)
                     && lean.stack_shift(desc, tokens, u32::MAX) == 0;
                 return if split { DecodePath::LeanScheduled } else { DecodePath::Lean };
@@ -750,9 +769,7 @@ impl DecodeConfig {
         // Saturating: total for any configuration (`select` bounds the real ones).
         let round = |bytes: usize| bytes.checked_next_multiple_of(256).unwrap_or(usize::MAX);
         let lean_ctas_per_chunk = match self.lean {
-            Some(lean) if self.lean_spare_chunks > 0 => {
-                desc.paged_kv.num_kv_heads.max(1) as u64 * lean.head_blocks.max(1) as u64
-            }
+            Some(lean) if self.has_lean_partition(desc) => lean.ctas_per_request(desc),
             _ => 0,
         };
         let ctas_per_chunk = self.ctas_per_chunk(desc).max(lean_ctas_per_chunk);

@@ -184,7 +184,7 @@ impl DecodeEntries {
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
             lean: lean.map(|_| name(DecodeVariant::Lean)),
             lean_split: lean
-                .filter(|_| config.lean_spare_chunks > 0 && config.is_scheduled(desc))
+                .filter(|_| config.has_lean_partition(desc))
                 .map(|_| name(DecodeVariant::LeanSplit)),
             guess_whole: guess.then(|| entry::decode_guess(DecodeVariant::Whole, q_element, cache, d)),
             guess_lean: lean
@@ -663,8 +663,6 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         };
         let at = |offset: usize| if split { ws_base + offset as u64 } else { 0 };
         let scheduled = matches!(path, DecodePath::Scheduled | DecodePath::LeanScheduled);
-        // The lean split kernel's CTAs run chunk-major (its launches span several waves).
-        let heads_along_x = self.config.heads_along_x || path == DecodePath::LeanScheduled;
         let partition = self.config.partition(&self.desc, path);
         let p = DecodeParams {
             q,
@@ -692,7 +690,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             min_chunk: partition.min_chunk,
             preferred_chunk: partition.preferred_chunk,
             balance_items: partition.balance_chunks,
-            heads_along_x: heads_along_x as u32,
+            heads_along_x: partition.heads_along_x as u32,
             page_shift: if kv.page_size.count_ones() == 1 { kv.page_size.trailing_zeros() } else { u32::MAX },
             scale_log2: self.desc.sm_scale * std::f32::consts::LOG2_E,
             // Only CTAs of the first wave can start before the previous kernel ends, only those
@@ -763,18 +761,11 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             _ => (&self.decode_fn, self.config.head_blocks, self.config.smem_bytes),
         };
         let head_blocks = (self.desc.paged_kv.num_kv_heads as u32 * head_blocks) >> stack_shift;
-        let batch = self.desc.batch_size as u32;
-        let tokens = self.config.attended_tokens(&self.desc, num_indices);
-        let chunks = if split {
-            self.config.partition(&self.desc, path).launched_chunks(batch, tokens)
-        } else {
-            batch
-        };
-        let heads_along_x = self.config.heads_along_x || path == DecodePath::LeanScheduled;
+        let chunks = self.grid_chunks(path, num_indices);
         let config = LaunchConfig {
             // Split kernels may put the head blocks along x (consecutive CTAs share a chunk);
             // otherwise x runs over the chunks (the requests, unsplit).
-            grid_dim: if split && heads_along_x {
+            grid_dim: if split && self.config.partition(&self.desc, path).heads_along_x {
                 (head_blocks, chunks, 1)
             } else {
                 (chunks, head_blocks, 1)
@@ -792,6 +783,23 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             DecodePath::Split | DecodePath::Scheduled | DecodePath::LeanScheduled => None,
         };
         Launch { kernel: guessing_kernel.unwrap_or(kernel), config, guessing: guessing_kernel.is_some() }
+    }
+
+    /// CTAs per head block along the chunk dimension of `run`'s decode launch for a page table
+    /// of `num_indices` slots: one per request unless the requests are split, then as many as
+    /// the path's partition can fill ([`DecodeConfig::partition`]).
+    pub fn launched_chunks(&self, num_indices: usize) -> u32 {
+        self.grid_chunks(self.path(num_indices), num_indices)
+    }
+
+    /// [`Self::launched_chunks`] on `path`.
+    fn grid_chunks(&self, path: DecodePath, num_indices: usize) -> u32 {
+        let batch = self.desc.batch_size as u32;
+        if !path.splits() {
+            return batch;
+        }
+        let tokens = self.config.attended_tokens(&self.desc, num_indices);
+        self.config.partition(&self.desc, path).launched_chunks(batch, tokens)
     }
 
     /// The kernel `run` launches for a page table of `num_indices` slots
