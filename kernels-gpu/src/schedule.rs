@@ -4,20 +4,24 @@
 //! its own: no extra launch, but each CTA reads the whole page table, so a launch costs
 //! `O(CTAs × batch)`. Past [`crate::params::PARTITION_CACHED_BATCH`] requests the host launches
 //! this kernel first instead: it computes the same partition (same bounds, same bisection, same
-//! chunk counts) and writes an item map to the workspace, from which each decode CTA reads its
-//! item in `O(1)` ([`crate::partition::mapped_chunk`]).
+//! chunk counts; the items in another order) and writes an item map to the workspace, from which
+//! each decode CTA reads its item in `O(1)` ([`crate::partition::mapped_chunk`]).
 //!
 //! Item map (u32 words): `[items, chunk_tokens]`, then one `(request, first item of the request)`
-//! pair per item. `chunk_tokens == 0` means item `x` is request `x` (no request is longer than the smallest
-//! chunk the partition could take), and no pairs are written; `items == 0` means the page table
-//! claims more tokens than its slots hold (a corrupt `indptr`), and every decode CTA exits.
+//! pair per item. `chunk_tokens == 0` means item `x` is request `x` (no request is longer than
+//! the smallest chunk the partition could take), and no pairs are written; `items == 0` means the
+//! page table claims more tokens than its slots hold (a corrupt `indptr`), and every decode CTA
+//! exits. Otherwise the chunks of the requests cut into several take the first items and the
+//! requests kept whole the rest, each in request order (a request's chunks are consecutive
+//! items): the long requests' chunks start in the first wave, wherever those requests are in the
+//! batch, instead of ending after every other CTA.
 //!
 //! # Thread mapping
 //! One CTA of [`crate::params::SCHEDULE_THREADS`] threads; thread `t` owns the contiguous
 //! requests `[t·n, (t + 1)·n)`, `n = ceil(batch / threads)`, re-reading their page-table
 //! entries (from L1) on every pass. Passes: totals, at most `1 + BISECTION_STEPS` chunk-count
-//! sums, an exclusive scan of the item counts, then each thread writes its requests' pairs. Block
-//! reductions go through `32` words of dynamic shared memory per value.
+//! sums, exclusive scans of the cut and the whole requests' items, then each thread writes its
+//! requests' pairs. Block reductions go through `32` words of dynamic shared memory per value.
 //!
 //! # Ordering
 //! The page table is read after `griddepcontrol.wait`, or before it when the caller promised that
@@ -158,23 +162,39 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
         pass += 1;
         block_sum_u64(n, 2 + pass % 2) <= p.num_chunks as u64
     });
-    let mut mine = 0u32;
+    // Cut requests first, then whole ones (the map's order, above).
+    let (mut cut_mine, mut whole_mine) = (0u32, 0u32);
     for b in first..first + count {
-        mine += request_chunks(len(b), chunk_tokens, p.unsplit_max_tokens);
+        let n = request_chunks(len(b), chunk_tokens, p.unsplit_max_tokens);
+        if n > 1 {
+            cut_mine += n;
+        } else {
+            whole_mine += n;
+        }
     }
-    let mut before = block_exclusive_scan_u32(mine, 4);
-    let items = block_sum_u64(mine as u64, 5) as u32;
+    let mut cut_before = block_exclusive_scan_u32(cut_mine, 4);
+    let mut whole_before = block_exclusive_scan_u32(whole_mine, 5);
+    // Both sums in one: each fits 32 bits (at most `num_chunks` items).
+    let sums = block_sum_u64(cut_mine as u64 | (whole_mine as u64) << 32, 0);
+    let (cut_items, whole_items) = (sums as u32, (sums >> 32) as u32);
     grid_dependency_wait();
     for b in first..first + count {
         let n = request_chunks(len(b), chunk_tokens, p.unsplit_max_tokens);
+        let at = if n > 1 {
+            cut_before += n;
+            cut_before - n
+        } else {
+            whole_before += n;
+            cut_items + whole_before - n
+        };
         for i in 0..n {
             unsafe {
-                let pair = map.add(2 + 2 * (before + i) as usize);
+                let pair = map.add(2 + 2 * (at + i) as usize);
                 *pair = b;
-                *pair.add(1) = before;
+                *pair.add(1) = at;
             }
         }
-        before += n;
     }
+    let items = cut_items + whole_items;
     header(items, chunk_tokens);
 }
