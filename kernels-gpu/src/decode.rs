@@ -212,13 +212,13 @@ struct KvPipeline<const D: u32, V: Tiling> {
 }
 
 impl<const D: u32, V: Tiling> KvPipeline<D, V> {
-    /// The pipeline of `chunk` for thread `tid`, its stages from shared address `stages_smem`.
+    /// The pipeline of `chunk` for thread `tid`, `1 << head_shift` stacked KV heads (0 unless the
+    /// tiling stacks heads), its stages from shared address `stages_smem`.
     #[inline(always)]
-    fn new(p: &DecodeParams, chunk: &Chunk, stages_smem: u32, tid: u32) -> Self {
+    fn new(p: &DecodeParams, chunk: &Chunk, head_shift: u32, stages_smem: u32, tid: u32) -> Self {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
         let columns = D * V::T.kv_bytes / 16;
         let tile_bytes = tile_tokens * D * V::T.kv_bytes;
-        let head_shift = if V::T.stacks_heads { p.stack_shift } else { 0 };
         let tile_shift = tile_tokens.trailing_zeros();
         let seg_shift = tile_shift.saturating_sub(head_shift).max(4);
         let group_shift = head_shift - (tile_shift - seg_shift);
@@ -494,7 +494,10 @@ pub unsafe fn decode_mma<
     let head_blocks = group.div_ceil(heads_per_cta);
     // Stacked KV heads (one head block each): the CTA's first KV head, and its query heads are
     // those of all its KV heads, consecutive in `q` and `o`.
-    let stack_shift = if V::T.stacks_heads { p.stack_shift } else { 0 };
+    // The lean split entries run only unstacked partitions (the host's rule for that path), so
+    // their shift is a constant and the head arithmetic of the main loop folds away.
+    let stacked = V::T.stacks_heads && !SPLIT;
+    let stack_shift = if stacked { p.stack_shift } else { 0 };
     let kv_head = (head_block / head_blocks) << stack_shift;
     let first_group_head = (head_block % head_blocks) * heads_per_cta;
     // At most `max_q_tiles()` query tiles: the host stacks at most one tile of heads.
@@ -525,7 +528,7 @@ pub unsafe fn decode_mma<
 
     // The K/V pipeline. Its page-lookup steps stay closures here: the shipped PTX depends on
     // LLVM inlining them late, as closures are.
-    let mut kv = KvPipeline::<D, V>::new(p, &chunk, kv_smem, tid);
+    let mut kv = KvPipeline::<D, V>::new(p, &chunk, stack_shift, kv_smem, tid);
     let mut n_tiles = kv.tiles;
     // Page id of this thread's row of tile `tile` of `chunk` (0 past the chunk), and the same
     // read through L2 only, for a guess.
@@ -722,7 +725,7 @@ pub unsafe fn decode_mma<
     // Stacked KV heads: the stacked head of each of the lane's rows (rows past `heads` match
     // none); a tile's scores count only for the rows of its head.
     let mut row_head = [0u32; 2];
-    if V::T.stacks_heads {
+    if stacked {
         for r in 0..2 {
             row_head[r] = stacked_head_of_row(q_tile * 16 + frag_row + 8 * r as u32, p.group_reciprocal);
         }
@@ -807,7 +810,7 @@ pub unsafe fn decode_mma<
                             s[nt][i] = f32::NEG_INFINITY;
                         }
                     }
-                    if V::T.stacks_heads && row_head[i / 2] != block_head {
+                    if stacked && row_head[i / 2] != block_head {
                         s[nt][i] = f32::NEG_INFINITY;
                     }
                     row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
@@ -821,7 +824,7 @@ pub unsafe fn decode_mma<
                 let m_new = fmax(m[r], row_max[r]);
                 // Stacked KV heads: a row whose head has not come yet has seen only masked
                 // scores; it keeps l = 0 and O = 0 (weights exp2(-inf - 0) = 0).
-                let unseen = V::T.stacks_heads && m_new == f32::NEG_INFINITY;
+                let unseen = stacked && m_new == f32::NEG_INFINITY;
                 scale[r] = if unseen { 1.0 } else { exp2(m[r] - m_new) };
                 m_exp[r] = if unseen { 0.0 } else { m_new };
                 m[r] = m_new;
