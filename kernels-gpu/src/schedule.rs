@@ -90,24 +90,25 @@ fn block_max_u32(v: u32, slot: u32) -> u32 {
 
 /// Sum of `v` over the threads before this one (exclusive scan). Uses shared slot `slot`.
 #[inline(always)]
-fn block_exclusive_scan_u32(v: u32, slot: u32) -> u32 {
+fn block_exclusive_scan_u64(v: u64, slot: u32) -> u64 {
     let lane = thread_idx() % 32;
     let mut inclusive = v;
     for step in 0..5 {
         let d = 1 << step;
-        let up = shfl_up_u32(inclusive, d);
+        let lo = shfl_up_u32(inclusive as u32, d) as u64;
+        let hi = shfl_up_u32((inclusive >> 32) as u32, d) as u64;
         if lane >= d {
-            inclusive += up;
+            inclusive += lo | (hi << 32);
         }
     }
     let base = smem_base() + slot * WARPS * 8;
     if lane == 31 {
-        unsafe { st_shared_u64(base + (thread_idx() / 32) * 8, inclusive as u64) };
+        unsafe { st_shared_u64(base + (thread_idx() / 32) * 8, inclusive) };
     }
     sync_threads();
     let mut before = inclusive - v;
     for w in 0..thread_idx() / 32 {
-        before += unsafe { ld_shared_u64(base + w * 8) } as u32;
+        before += unsafe { ld_shared_u64(base + w * 8) };
     }
     before
 }
@@ -172,10 +173,12 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
             whole_mine += n;
         }
     }
-    let mut cut_before = block_exclusive_scan_u32(cut_mine, 4);
-    let mut whole_before = block_exclusive_scan_u32(whole_mine, 5);
-    // Both sums in one: each fits 32 bits (at most `num_chunks` items).
-    let sums = block_sum_u64(cut_mine as u64 | (whole_mine as u64) << 32, 0);
+    // Both counts in one word for the scan and the sum: each fits 32 bits (at most `num_chunks`
+    // items).
+    let mine = cut_mine as u64 | (whole_mine as u64) << 32;
+    let before = block_exclusive_scan_u64(mine, 4);
+    let (mut cut_before, mut whole_before) = (before as u32, (before >> 32) as u32);
+    let sums = block_sum_u64(mine, 5);
     let (cut_items, whole_items) = (sums as u32, (sums >> 32) as u32);
     grid_dependency_wait();
     for b in first..first + count {
