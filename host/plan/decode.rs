@@ -823,6 +823,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     }
 
     /// log2 of [`Self::stacked_kv_heads`] on `path`, the path `run` takes for `num_indices`.
+    /// Only the lean path stacks: the lean split entries (lean-scheduled) take the shift as the
+    /// constant 0 in the kernel, so this must stay 0 on that path.
     fn stack_shift(&self, path: DecodePath, num_indices: usize) -> u32 {
         match (path, self.config.lean) {
             (DecodePath::Lean, Some(lean)) => {
