@@ -20,8 +20,9 @@
 //! One CTA of [`crate::params::SCHEDULE_THREADS`] threads; thread `t` owns the contiguous
 //! requests `[t·n, (t + 1)·n)`, `n = ceil(batch / threads)`, re-reading their page-table
 //! entries (from L1) on every pass. Passes: totals, at most `1 + BISECTION_STEPS` chunk-count
-//! sums, exclusive scans of the cut and the whole requests' items, then each thread writes its
-//! requests' pairs. Block reductions go through `32` words of dynamic shared memory per value.
+//! sums, one exclusive scan of the cut and the whole requests' item counts (packed in one word),
+//! then each thread writes its requests' pairs. Block reductions go through `32` words of
+//! dynamic shared memory per value.
 //!
 //! # Ordering
 //! The page table is read after `griddepcontrol.wait`, or before it when the caller promised that
