@@ -151,6 +151,8 @@ struct DecodeEntries {
     schedule: Option<&'static str>,
     /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
     lean: Option<String>,
+    /// With it over a 16-bit cache, its entry of one KV head per CTA.
+    lean_unstacked: Option<String>,
     /// With it, the lean split kernel, when the configuration has a lean scheduled partition.
     lean_split: Option<String>,
     /// Default programmatic launches with plain logits: the entries of the whole kernel and of
@@ -183,6 +185,9 @@ impl DecodeEntries {
             whole: split.then(|| name(DecodeVariant::Whole)),
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
             lean: lean.map(|_| name(DecodeVariant::Lean)),
+            lean_unstacked: lean
+                .filter(|_| cache.fp8_layout().is_none())
+                .map(|_| name(DecodeVariant::LeanUnstacked)),
             lean_split: lean
                 .filter(|_| config.has_lean_partition(desc))
                 .map(|_| name(DecodeVariant::LeanSplit)),
@@ -236,14 +241,16 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     whole_fn: Option<CudaFunction>,
     /// Split configurations of large batches: the schedule kernel ([`DecodeConfig::is_scheduled`]).
     schedule_fn: Option<CudaFunction>,
-    /// The lean kernel, for short requests ([`DecodeConfig::lean`]).
+    /// The lean kernel, for short requests ([`DecodeConfig::lean`]), and its entry of one KV head
+    /// per CTA (16-bit caches), launched when the stacking rule stacks none.
     lean_fn: Option<CudaFunction>,
+    lean_unstacked_fn: Option<CudaFunction>,
     /// The lean split kernel, for short requests over a scheduled partition
     /// ([`DecodeConfig::lean_spare_chunks`]).
     lean_split_fn: Option<CudaFunction>,
     /// The whole and lean kernels that guess their page lookup before the wait, launched instead
     /// of `whole_fn` (or the unsplit `decode_fn`) and `lean_fn` when their grid has at most
-    /// `guess_max_ctas` CTAs.
+    /// `guess_max_ctas` CTAs (the lean one, of one KV head per CTA, only unstacked).
     guess_whole_fn: Option<CudaFunction>,
     guess_lean_fn: Option<CudaFunction>,
     /// The SM count ([`PlanPreference::guess_max_ctas`] for tuning): in a launch of at most one
@@ -426,6 +433,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
             _ => None,
         };
+        let lean_unstacked_fn = match (config.lean, &entries.lean_unstacked) {
+            (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
+            _ => None,
+        };
         let lean_split_fn = match (config.lean, &entries.lean_split) {
             (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
             _ => None,
@@ -442,6 +453,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             whole_fn,
             schedule_fn,
             lean_fn,
+            lean_unstacked_fn,
             lean_split_fn,
             guess_whole_fn,
             guess_lean_fn,
@@ -747,6 +759,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         let split = path.splits();
         let lean_fn = match path {
             DecodePath::LeanScheduled => &self.lean_split_fn,
+            _ if stack_shift == 0 && self.lean_unstacked_fn.is_some() => &self.lean_unstacked_fn,
             _ => &self.lean_fn,
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
@@ -774,11 +787,12 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             shared_mem_bytes: smem_bytes,
         };
         // A whole-request launch of at most `guess_max_ctas` CTAs (one per SM) takes the entry that
-        // guesses its page lookup before the wait, where one is loaded.
+        // guesses its page lookup before the wait, where one is loaded (the lean one unstacked).
         let ctas = config.grid_dim.0 as u64 * config.grid_dim.1 as u64;
         let guessing_kernel = match path {
             _ if ctas > self.guess_max_ctas as u64 => None,
-            DecodePath::Lean => self.guess_lean_fn.as_ref(),
+            DecodePath::Lean if stack_shift == 0 => self.guess_lean_fn.as_ref(),
+            DecodePath::Lean => None,
             DecodePath::Whole => self.guess_whole_fn.as_ref(),
             DecodePath::Split | DecodePath::Scheduled | DecodePath::LeanScheduled => None,
         };
@@ -955,6 +969,7 @@ mod tests {
                                     e.whole.as_deref(),
                                     e.schedule,
                                     e.lean.as_deref(),
+                                    e.lean_unstacked.as_deref(),
                                     e.lean_split.as_deref(),
                                     e.guess_whole.as_deref(),
                                     e.guess_lean.as_deref(),

@@ -21,14 +21,18 @@ pub enum DecodeVariant {
     Whole,
     /// Requests split into chunks by the length-aware partition, then merged.
     Split,
-    /// The lean tensor-core kernel for short requests ([`DecodeKernel::Mma`] only).
+    /// The lean tensor-core kernel for short requests ([`DecodeKernel::Mma`] only); a CTA covers
+    /// one KV head or several (stacked).
     Lean,
+    /// The lean kernel with one KV head per CTA, where the stacking rule stacks none (a 16-bit
+    /// cache only): the head arithmetic of its main loop folds away.
+    LeanUnstacked,
     /// The lean kernel over the scheduled partition: a long request among short ones is cut
     /// into chunks and merged ([`DecodeKernel::Mma`] over a 16-bit cache only).
     LeanSplit,
 }
 
-/// `decode_{mma|simt}[_split|_lean|_lean_split]_{element}_d{head_dim}`.
+/// `decode_{mma|simt}[_split|_lean|_lean_unstacked|_lean_split]_{element}_d{head_dim}`.
 pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind, head_dim: u32) -> String {
     decode_name(kernel, "", variant, element, head_dim)
 }
@@ -59,6 +63,7 @@ fn decode_name(
         DecodeVariant::Whole => "",
         DecodeVariant::Split => "_split",
         DecodeVariant::Lean => "_lean",
+        DecodeVariant::LeanUnstacked => "_lean_unstacked",
         DecodeVariant::LeanSplit => "_lean_split",
     };
     format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
@@ -67,10 +72,11 @@ fn decode_name(
 /// `decode_mma_guess[_lean]_{element}_d{head_dim}` (a 16-bit cache) or
 /// `decode_mma_guess[_lean]_{q}_{cache}_d{head_dim}` (an 8-bit one): the whole-request
 /// tensor-core decode with plain logits that guesses its page lookup before waiting for the
-/// previous kernel (sm_90 build only; [`DecodeVariant::Whole`] or [`DecodeVariant::Lean`]).
+/// previous kernel (sm_90 build only; [`DecodeVariant::Whole`] or [`DecodeVariant::Lean`]). The
+/// guessing lean entries cover one KV head per CTA.
 pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
-        DecodeVariant::Lean => "_lean",
+        DecodeVariant::Lean | DecodeVariant::LeanUnstacked => "_lean",
         DecodeVariant::Whole | DecodeVariant::Split | DecodeVariant::LeanSplit => "",
     };
     let elements = match cache.fp8_layout() {
@@ -81,12 +87,13 @@ pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, 
 }
 
 /// `decode_mma[_split|_lean]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16)
-/// over an 8-bit cache (sm_90 build only).
+/// over an 8-bit cache (sm_90 build only). Its lean entries cover both [`DecodeVariant::Lean`]
+/// and [`DecodeVariant::LeanUnstacked`].
 pub fn decode_fp8(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
         DecodeVariant::Whole => "",
         DecodeVariant::Split => "_split",
-        DecodeVariant::Lean => "_lean",
+        DecodeVariant::Lean | DecodeVariant::LeanUnstacked => "_lean",
         DecodeVariant::LeanSplit => "_lean_split",
     };
     format!("decode_mma{variant}_{}_{}_d{head_dim}", element_name(q), element_name(cache))
@@ -121,12 +128,12 @@ fn element_name(element: ElementKind) -> &'static str {
 
 /// Every entry point the kernels provide for the host, in their order of definition: the
 /// tensor-core decode entries for 16-bit elements, whole and split, at each supported head_dim;
-/// the lean ones at [`LEAN_HEAD_DIMS`]; the CUDA-core decode entries for f32; the logits soft-cap
+/// the lean ones at [`LEAN_HEAD_DIMS`], stacking then unstacked; the CUDA-core decode entries for f32; the logits soft-cap
 /// entries of both kernels (whole and split); the append entries (`u8`: a byte copy, for tokens
 /// already quantized to 8 bits); then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and
 /// [`READ_BANDWIDTH`]. The sm_90 build adds [`sm90_only`].
 pub fn all() -> Vec<String> {
-    use DecodeVariant::{Lean, Split, Whole};
+    use DecodeVariant::{Lean, LeanUnstacked, Split, Whole};
     let head_dims = SUPPORTED_HEAD_DIMS.map(|d| d as u32);
     let sixteen_bit = [ElementKind::F16, ElementKind::BF16];
     let mut names = Vec::new();
@@ -137,6 +144,9 @@ pub fn all() -> Vec<String> {
     }
     for element in sixteen_bit {
         names.extend(LEAN_HEAD_DIMS.map(|d| decode(DecodeKernel::Mma, Lean, element, d)));
+    }
+    for element in sixteen_bit {
+        names.extend(LEAN_HEAD_DIMS.map(|d| decode(DecodeKernel::Mma, LeanUnstacked, element, d)));
     }
     for d in head_dims {
         names.extend([Whole, Split].map(|v| decode(DecodeKernel::Simt, v, ElementKind::F32, d)));

@@ -444,6 +444,10 @@ impl Confirmation {
 ///   request; `VPL` = D/32 merge columns per lane and `MERGE_BATCH` partial rows per lane in
 ///   flight in the merge ([`crate::merge`]).
 /// - `L`: how scores become logits ([`Logits`]: plain or soft-capped).
+/// - `STACKS`: the CTA covers `1 << p.stack_shift` KV heads (tilings that stack heads); without
+///   it the shift is the constant 0, and the head and segment arithmetic of the main loop folds
+///   away. The lean split, guessing and unstacked lean entries leave it off (the host launches
+///   them only with one KV head per CTA).
 /// - Shared memory: Q tiles (`[q_tiles·16][D]`, swizzled), then the K/V stages and the page-row
 ///   ring of `KvPipeline`; after the main loop the stages hold the warps' partials.
 ///
@@ -468,6 +472,7 @@ pub unsafe fn decode_mma<
     const MERGE_BATCH: usize,
     L: Logits,
     const GUESS: bool,
+    const STACKS: bool,
 >(
     p: &DecodeParams,
 ) {
@@ -479,6 +484,7 @@ pub unsafe fn decode_mma<
     // Without the caller's promise, a CTA waits before any read of the page table, or, in a
     // guessing entry (`GUESS`: whole requests, sm_90), guesses its page lookup (below).
     const { assert!(!GUESS || (!SPLIT && cfg!(target_feature = "sm_90"))) };
+    const { assert!(!STACKS || (V::T.stacks_heads && !SPLIT && !GUESS)) };
     let guess = GUESS;
     if !guess {
         wait_unless_page_table_stable(p);
@@ -494,10 +500,9 @@ pub unsafe fn decode_mma<
     let head_blocks = group.div_ceil(heads_per_cta);
     // Stacked KV heads (one head block each): the CTA's first KV head, and its query heads are
     // those of all its KV heads, consecutive in `q` and `o`.
-    // The lean split entries run only unstacked partitions (the host's rule for that path), so
-    // their shift is a constant and the head arithmetic of the main loop folds away.
-    let stacked = V::T.stacks_heads && !SPLIT;
-    let stack_shift = if stacked { p.stack_shift } else { 0 };
+    // Entries without `STACKS` run one KV head per CTA (the host's rule), so their shift is a
+    // constant and the head arithmetic of the main loop folds away.
+    let stack_shift = if STACKS { p.stack_shift } else { 0 };
     let kv_head = (head_block / head_blocks) << stack_shift;
     let first_group_head = (head_block % head_blocks) * heads_per_cta;
     // At most `max_q_tiles()` query tiles: the host stacks at most one tile of heads.
@@ -725,7 +730,7 @@ pub unsafe fn decode_mma<
     // Stacked KV heads: the stacked head of each of the lane's rows (rows past `heads` match
     // none); a tile's scores count only for the rows of its head.
     let mut row_head = [0u32; 2];
-    if stacked {
+    if STACKS {
         for r in 0..2 {
             row_head[r] = stacked_head_of_row(q_tile * 16 + frag_row + 8 * r as u32, p.group_reciprocal);
         }
@@ -810,7 +815,7 @@ pub unsafe fn decode_mma<
                             s[nt][i] = f32::NEG_INFINITY;
                         }
                     }
-                    if stacked && row_head[i / 2] != block_head {
+                    if STACKS && row_head[i / 2] != block_head {
                         s[nt][i] = f32::NEG_INFINITY;
                     }
                     row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
@@ -824,7 +829,7 @@ pub unsafe fn decode_mma<
                 let m_new = fmax(m[r], row_max[r]);
                 // Stacked KV heads: a row whose head has not come yet has seen only masked
                 // scores; it keeps l = 0 and O = 0 (weights exp2(-inf - 0) = 0).
-                let unseen = stacked && m_new == f32::NEG_INFINITY;
+                let unseen = STACKS && m_new == f32::NEG_INFINITY;
                 scale[r] = if unseen { 1.0 } else { exp2(m[r] - m_new) };
                 m_exp[r] = if unseen { 0.0 } else { m_new };
                 m[r] = m_new;

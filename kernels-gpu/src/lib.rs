@@ -76,6 +76,8 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 }
 
 /// The tensor-core decode entry `$name` over the K/V cache format `$cache` ([`cache::KvCache`]).
+/// `$stacks` (whether a CTA may cover several KV heads, `decode::decode_mma`'s `STACKS`) defaults
+/// to the tiling's own, off in split and guessing entries.
 macro_rules! decode_mma_entry {
     ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal) => {
         decode_mma_entry!($name, $cache, $d, $tiling, $split, Plain, false);
@@ -84,6 +86,20 @@ macro_rules! decode_mma_entry {
         decode_mma_entry!($name, $cache, $d, $tiling, $split, $logits, false);
     };
     ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident, $guess:literal) => {
+        decode_mma_entry!($name, $cache, $d, $tiling, $split, $logits, $guess, {
+            $tiling::<$d>::T.stacks_heads && !$split && !$guess
+        });
+    };
+    (
+        $name:ident,
+        $cache:ty,
+        $d:literal,
+        $tiling:ident,
+        $split:literal,
+        $logits:ident,
+        $guess:literal,
+        $stacks:block
+    ) => {
         /// # Safety
         /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
         #[unsafe(no_mangle)]
@@ -100,6 +116,7 @@ macro_rules! decode_mma_entry {
                     { decode_merge_batch($d) as usize },
                     $logits,
                     $guess,
+                    $stacks,
                 >(&p)
             }
         }
@@ -122,6 +139,13 @@ decode_mma_entry!(decode_mma_lean_f16_d64, Native<F16>, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_f16_d128, Native<F16>, 128, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d64, Native<BF16>, 64, Lean, false);
 decode_mma_entry!(decode_mma_lean_bf16_d128, Native<BF16>, 128, Lean, false);
+// The same with one KV head per CTA (the stacking rule's `k = 1`): the shift a constant.
+decode_mma_entry!(decode_mma_lean_unstacked_f16_d64, Native<F16>, 64, Lean, false, Plain, false, { false });
+decode_mma_entry!(decode_mma_lean_unstacked_f16_d128, Native<F16>, 128, Lean, false, Plain, false, { false });
+decode_mma_entry!(decode_mma_lean_unstacked_bf16_d64, Native<BF16>, 64, Lean, false, Plain, false, { false });
+decode_mma_entry!(decode_mma_lean_unstacked_bf16_d128, Native<BF16>, 128, Lean, false, Plain, false, {
+    false
+});
 
 /// Lean tiling, split: a long request among many short ones, cut by the scheduled partition.
 /// sm_90 only: at the lean entries' 128 registers the sm_80 build spills the split chunk's
