@@ -99,7 +99,9 @@ fn ptxas_reports_no_spills_no_stack_and_bounded_split_code() {
             // Every CTA of a split entry runs the partition at its start, and one CTA per KV head
             // the merge, each fetching that code cold: an 8-way unrolled partition (76 KiB more
             // than the unsplit entry) cost ~2 µs per CTA start in instruction-cache misses.
-            if let Some(unsplit) = r.entry.contains("_split_").then(|| r.entry.replace("_split_", "_")) {
+            // The lean split entries' unsplit counterpart is the lean entry of one KV head per CTA.
+            let unsplit_of = |e: &str| e.replace("_lean_split_", "_lean_x1_").replace("_split_", "_");
+            if let Some(unsplit) = r.entry.contains("_split_").then(|| unsplit_of(&r.entry)) {
                 let base = reports.iter().find(|u| u.entry == unsplit).expect("unsplit entry");
                 assert!(
                     r.code_bytes > 0 && r.code_bytes <= base.code_bytes + SPLIT_CODE_BUDGET,

@@ -150,9 +150,7 @@ struct DecodeEntries {
     /// Scheduled configurations ([`DecodeConfig::is_scheduled`]): the schedule kernel.
     schedule: Option<&'static str>,
     /// The lean kernel, when the configuration has a lean launch that the preference leaves on.
-    lean: Option<String>,
-    /// With it over a 16-bit cache, its entry of one KV head per CTA.
-    lean_unstacked: Option<String>,
+    lean: Option<LeanEntries<String>>,
     /// With it, the lean split kernel, when the configuration has a lean scheduled partition.
     lean_split: Option<String>,
     /// Default programmatic launches with plain logits: the entries of the whole kernel and of
@@ -184,10 +182,12 @@ impl DecodeEntries {
             decode: name(if split { DecodeVariant::Split } else { DecodeVariant::Whole }),
             whole: split.then(|| name(DecodeVariant::Whole)),
             schedule: config.is_scheduled(desc).then_some(entry::SCHEDULE_CHUNKS),
-            lean: lean.map(|_| name(DecodeVariant::Lean)),
-            lean_unstacked: lean
-                .filter(|_| cache.fp8_layout().is_none())
-                .map(|_| name(DecodeVariant::LeanUnstacked)),
+            lean: lean.map(|_| match cache.fp8_layout() {
+                Some(_) => LeanEntries::AnyShift(name(DecodeVariant::Lean)),
+                None => LeanEntries::PerShift(
+                    entry::LEAN_STACKED_HEADS.iter().map(|&k| name(DecodeVariant::LeanHeads(k))).collect(),
+                ),
+            }),
             lean_split: lean
                 .filter(|_| config.has_lean_partition(desc))
                 .map(|_| name(DecodeVariant::LeanSplit)),
@@ -217,6 +217,42 @@ impl DecodeEntries {
     }
 }
 
+/// The lean kernel's entries: one per stack shift (16-bit caches, [`entry::LEAN_STACKED_HEADS`],
+/// each with its shift a constant), or one that takes any shift (8-bit caches).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LeanEntries<F> {
+    PerShift(Vec<F>),
+    AnyShift(F),
+}
+
+impl<F> LeanEntries<F> {
+    /// The entry for a launch of `1 << stack_shift` KV heads per CTA.
+    fn for_shift(&self, stack_shift: u32) -> &F {
+        match self {
+            // The stacking rule's shifts stay below the entries' count (`params::STACKED_MAX_HEADS`).
+            Self::PerShift(entries) => &entries[(stack_shift as usize).min(entries.len() - 1)],
+            Self::AnyShift(f) => f,
+        }
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = &F> {
+        match self {
+            Self::PerShift(entries) => entries.iter(),
+            Self::AnyShift(f) => core::slice::from_ref(f).iter(),
+        }
+    }
+
+    fn try_map<G>(&self, mut f: impl FnMut(&F) -> Result<G>) -> Result<LeanEntries<G>> {
+        Ok(match self {
+            Self::PerShift(entries) => {
+                LeanEntries::PerShift(entries.iter().map(&mut f).collect::<Result<_>>()?)
+            }
+            Self::AnyShift(e) => LeanEntries::AnyShift(f(e)?),
+        })
+    }
+}
+
 /// One decode launch of `run`: its kernel and grid, and whether the kernel guesses its page
 /// lookup.
 struct Launch<'a> {
@@ -241,15 +277,14 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     whole_fn: Option<CudaFunction>,
     /// Split configurations of large batches: the schedule kernel ([`DecodeConfig::is_scheduled`]).
     schedule_fn: Option<CudaFunction>,
-    /// The lean kernel, for short requests ([`DecodeConfig::lean`]), and its entry of one KV head
-    /// per CTA (16-bit caches), launched when the stacking rule stacks none.
-    lean_fn: Option<CudaFunction>,
-    lean_unstacked_fn: Option<CudaFunction>,
+    /// The lean kernel, for short requests ([`DecodeConfig::lean`]): its entry for each number
+    /// of KV heads per CTA, or its one entry for any.
+    lean_fns: Option<LeanEntries<CudaFunction>>,
     /// The lean split kernel, for short requests over a scheduled partition
     /// ([`DecodeConfig::lean_spare_chunks`]).
     lean_split_fn: Option<CudaFunction>,
     /// The whole and lean kernels that guess their page lookup before the wait, launched instead
-    /// of `whole_fn` (or the unsplit `decode_fn`) and `lean_fn` when their grid has at most
+    /// of `whole_fn` (or the unsplit `decode_fn`) and the lean kernel when their grid has at most
     /// `guess_max_ctas` CTAs (the lean one, of one KV head per CTA, only unstacked).
     guess_whole_fn: Option<CudaFunction>,
     guess_lean_fn: Option<CudaFunction>,
@@ -429,12 +464,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             Some(name) => Some(device::function(ctx, arch, name, params::SCHEDULE_SMEM_BYTES)?),
             None => None,
         };
-        let lean_fn = match (config.lean, &entries.lean) {
-            (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
-            _ => None,
-        };
-        let lean_unstacked_fn = match (config.lean, &entries.lean_unstacked) {
-            (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
+        let lean_fns = match (config.lean, &entries.lean) {
+            (Some(lean), Some(names)) => {
+                Some(names.try_map(|name| device::function(ctx, arch, name, lean.smem_bytes))?)
+            }
             _ => None,
         };
         let lean_split_fn = match (config.lean, &entries.lean_split) {
@@ -452,8 +485,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         Ok(Self {
             whole_fn,
             schedule_fn,
-            lean_fn,
-            lean_unstacked_fn,
+            lean_fns,
             lean_split_fn,
             guess_whole_fn,
             guess_lean_fn,
@@ -758,9 +790,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     fn launch_for(&self, path: DecodePath, stack_shift: u32, num_indices: usize) -> Launch<'_> {
         let split = path.splits();
         let lean_fn = match path {
-            DecodePath::LeanScheduled => &self.lean_split_fn,
-            _ if stack_shift == 0 && self.lean_unstacked_fn.is_some() => &self.lean_unstacked_fn,
-            _ => &self.lean_fn,
+            DecodePath::LeanScheduled => self.lean_split_fn.as_ref(),
+            _ => self.lean_fns.as_ref().map(|fns| fns.for_shift(stack_shift)),
         };
         // The kernel, its CTAs per (chunk, KV head) and shared memory, and the chunks per head
         // block: one per request unless the requests are split.
@@ -821,7 +852,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// shape, never the lengths, so the choice holds across graph replays.
     pub fn path(&self, num_indices: usize) -> DecodePath {
         let lean_bound =
-            self.lean_fn.as_ref().map(|_| self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS));
+            self.lean_fns.as_ref().map(|_| self.pref.lean_max_avg_tokens.unwrap_or(LEAN_MAX_AVG_TOKENS));
         match self.config.path(&self.desc, num_indices, lean_bound) {
             DecodePath::LeanScheduled if self.lean_split_fn.is_none() => DecodePath::Lean,
             path => path,
@@ -968,13 +999,12 @@ mod tests {
                                     Some(e.decode.as_str()),
                                     e.whole.as_deref(),
                                     e.schedule,
-                                    e.lean.as_deref(),
-                                    e.lean_unstacked.as_deref(),
                                     e.lean_split.as_deref(),
                                     e.guess_whole.as_deref(),
                                     e.guess_lean.as_deref(),
                                 ];
-                                for name in names.into_iter().flatten() {
+                                let lean = e.lean.iter().flat_map(|lean| lean.iter().map(String::as_str));
+                                for name in names.into_iter().flatten().chain(lean) {
                                     assert!(
                                         shipped.contains(&name),
                                         "{name} ({desc:?}, {pref:?}) is not in the PTX"

@@ -14,6 +14,11 @@ pub const READ_BANDWIDTH: &str = "read_bandwidth";
 /// Head dimensions the lean kernel is built for (16-bit and 8-bit caches).
 pub const LEAN_HEAD_DIMS: [u32; 2] = [64, 128];
 
+/// KV heads per CTA of the 16-bit lean entries ([`DecodeVariant::LeanHeads`]), one entry each:
+/// `1 << shift` for every stack shift up to `params::STACKED_MAX_HEADS`.
+pub const LEAN_STACKED_HEADS: [u32; 5] = [1, 2, 4, 8, 16];
+const _: () = assert!(LEAN_STACKED_HEADS[LEAN_STACKED_HEADS.len() - 1] == crate::params::STACKED_MAX_HEADS);
+
 /// Which decode entry of a kernel, element type and head_dim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeVariant {
@@ -21,18 +26,19 @@ pub enum DecodeVariant {
     Whole,
     /// Requests split into chunks by the length-aware partition, then merged.
     Split,
-    /// The lean tensor-core kernel for short requests ([`DecodeKernel::Mma`] only); a CTA covers
-    /// one KV head or several (stacked).
+    /// The lean tensor-core kernel for short requests ([`DecodeKernel::Mma`] only) over an 8-bit
+    /// cache: one entry for any number of KV heads per CTA (`DecodeParams::stack_shift`).
     Lean,
-    /// The lean kernel with one KV head per CTA, where the stacking rule stacks none (a 16-bit
-    /// cache only): the head arithmetic of its main loop folds away.
-    LeanUnstacked,
+    /// The lean kernel over a 16-bit cache with `k` KV heads per CTA (stacked), `k` a constant
+    /// of the entry (1, 2, 4, 8 or 16: [`LEAN_STACKED_HEADS`]), so that the head and segment
+    /// arithmetic of its main loop folds.
+    LeanHeads(u32),
     /// The lean kernel over the scheduled partition: a long request among short ones is cut
     /// into chunks and merged ([`DecodeKernel::Mma`] over a 16-bit cache only).
     LeanSplit,
 }
 
-/// `decode_{mma|simt}[_split|_lean|_lean_unstacked|_lean_split]_{element}_d{head_dim}`.
+/// `decode_{mma|simt}[_split|_lean_x{k}|_lean_split]_{element}_d{head_dim}`.
 pub fn decode(kernel: DecodeKernel, variant: DecodeVariant, element: ElementKind, head_dim: u32) -> String {
     decode_name(kernel, "", variant, element, head_dim)
 }
@@ -60,11 +66,11 @@ fn decode_name(
         DecodeKernel::Simt => "simt",
     };
     let variant = match variant {
-        DecodeVariant::Whole => "",
-        DecodeVariant::Split => "_split",
-        DecodeVariant::Lean => "_lean",
-        DecodeVariant::LeanUnstacked => "_lean_unstacked",
-        DecodeVariant::LeanSplit => "_lean_split",
+        DecodeVariant::Whole => String::new(),
+        DecodeVariant::Split => "_split".into(),
+        DecodeVariant::Lean => "_lean".into(),
+        DecodeVariant::LeanHeads(k) => format!("_lean_x{k}"),
+        DecodeVariant::LeanSplit => "_lean_split".into(),
     };
     format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
 }
@@ -76,7 +82,7 @@ fn decode_name(
 /// guessing lean entries cover one KV head per CTA.
 pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
-        DecodeVariant::Lean | DecodeVariant::LeanUnstacked => "_lean",
+        DecodeVariant::Lean | DecodeVariant::LeanHeads(_) => "_lean",
         DecodeVariant::Whole | DecodeVariant::Split | DecodeVariant::LeanSplit => "",
     };
     let elements = match cache.fp8_layout() {
@@ -87,13 +93,13 @@ pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, 
 }
 
 /// `decode_mma[_split|_lean]_{q}_{cache}_d{head_dim}`: the tensor-core decode of `q` (f16 or bf16)
-/// over an 8-bit cache (sm_90 build only). Its lean entries cover both [`DecodeVariant::Lean`]
-/// and [`DecodeVariant::LeanUnstacked`].
+/// over an 8-bit cache (sm_90 build only). Its lean entry ([`DecodeVariant::Lean`]) takes any
+/// number of KV heads per CTA, so [`DecodeVariant::LeanHeads`] names it too.
 pub fn decode_fp8(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
         DecodeVariant::Whole => "",
         DecodeVariant::Split => "_split",
-        DecodeVariant::Lean | DecodeVariant::LeanUnstacked => "_lean",
+        DecodeVariant::Lean | DecodeVariant::LeanHeads(_) => "_lean",
         DecodeVariant::LeanSplit => "_lean_split",
     };
     format!("decode_mma{variant}_{}_{}_d{head_dim}", element_name(q), element_name(cache))
@@ -128,12 +134,12 @@ fn element_name(element: ElementKind) -> &'static str {
 
 /// Every entry point the kernels provide for the host, in their order of definition: the
 /// tensor-core decode entries for 16-bit elements, whole and split, at each supported head_dim;
-/// the lean ones at [`LEAN_HEAD_DIMS`], stacking then unstacked; the CUDA-core decode entries for f32; the logits soft-cap
+/// the lean ones at [`LEAN_HEAD_DIMS`] for each of [`LEAN_STACKED_HEADS`]; the CUDA-core decode entries for f32; the logits soft-cap
 /// entries of both kernels (whole and split); the append entries (`u8`: a byte copy, for tokens
 /// already quantized to 8 bits); then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and
 /// [`READ_BANDWIDTH`]. The sm_90 build adds [`sm90_only`].
 pub fn all() -> Vec<String> {
-    use DecodeVariant::{Lean, LeanUnstacked, Split, Whole};
+    use DecodeVariant::{LeanHeads, Split, Whole};
     let head_dims = SUPPORTED_HEAD_DIMS.map(|d| d as u32);
     let sixteen_bit = [ElementKind::F16, ElementKind::BF16];
     let mut names = Vec::new();
@@ -143,10 +149,9 @@ pub fn all() -> Vec<String> {
         }
     }
     for element in sixteen_bit {
-        names.extend(LEAN_HEAD_DIMS.map(|d| decode(DecodeKernel::Mma, Lean, element, d)));
-    }
-    for element in sixteen_bit {
-        names.extend(LEAN_HEAD_DIMS.map(|d| decode(DecodeKernel::Mma, LeanUnstacked, element, d)));
+        for d in LEAN_HEAD_DIMS {
+            names.extend(LEAN_STACKED_HEADS.map(|k| decode(DecodeKernel::Mma, LeanHeads(k), element, d)));
+        }
     }
     for d in head_dims {
         names.extend([Whole, Split].map(|v| decode(DecodeKernel::Simt, v, ElementKind::F32, d)));

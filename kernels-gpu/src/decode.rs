@@ -71,8 +71,9 @@ use crate::fp8_operands as fp8;
 use crate::intrinsics::*;
 use crate::merge::{draw_ticket, finish_split, partial_row};
 use crate::params::{
-    DECODE_THREADS, DecodeParams, LEAN_EPILOGUE_BYTES, MAX_STAGES, MmaTiling, WarpRoles, fp8_lean_tiling,
-    fp8_tiling, lean_tiling, stacked_head_of_row, standard_tiling,
+    ANY_STACK_SHIFT, DECODE_THREADS, DecodeParams, LEAN_EPILOGUE_BYTES, MAX_STAGES, MmaTiling,
+    STACKED_MAX_HEADS, WarpRoles, fp8_lean_tiling, fp8_tiling, lean_tiling, stacked_head_of_row,
+    standard_tiling,
 };
 use crate::partition::{
     Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request, whole_request_through_l2,
@@ -444,10 +445,11 @@ impl Confirmation {
 ///   request; `VPL` = D/32 merge columns per lane and `MERGE_BATCH` partial rows per lane in
 ///   flight in the merge ([`crate::merge`]).
 /// - `L`: how scores become logits ([`Logits`]: plain or soft-capped).
-/// - `STACKS`: the CTA covers `1 << p.stack_shift` KV heads (tilings that stack heads); without
-///   it the shift is the constant 0, and the head and segment arithmetic of the main loop folds
-///   away. The lean split, guessing and unstacked lean entries leave it off (the host launches
-///   them only with one KV head per CTA).
+/// - `STACK`: log2 of the KV heads the CTA covers, a constant of the entry (the host launches
+///   each 16-bit lean entry only with its own shift), so that the head and segment arithmetic
+///   of the main loop folds; [`ANY_STACK_SHIFT`]: `p.stack_shift`, read at run time (the 8-bit
+///   cache's lean entries). 0 in every entry of a tiling that does not stack heads, and in the
+///   lean split and guessing entries.
 /// - Shared memory: Q tiles (`[q_tiles·16][D]`, swizzled), then the K/V stages and the page-row
 ///   ring of `KvPipeline`; after the main loop the stages hold the warps' partials.
 ///
@@ -472,7 +474,7 @@ pub unsafe fn decode_mma<
     const MERGE_BATCH: usize,
     L: Logits,
     const GUESS: bool,
-    const STACKS: bool,
+    const STACK: u32,
 >(
     p: &DecodeParams,
 ) {
@@ -484,7 +486,10 @@ pub unsafe fn decode_mma<
     // Without the caller's promise, a CTA waits before any read of the page table, or, in a
     // guessing entry (`GUESS`: whole requests, sm_90), guesses its page lookup (below).
     const { assert!(!GUESS || (!SPLIT && cfg!(target_feature = "sm_90"))) };
-    const { assert!(!STACKS || (V::T.stacks_heads && !SPLIT && !GUESS)) };
+    const { assert!(STACK == 0 || (V::T.stacks_heads && !SPLIT && !GUESS)) };
+    const { assert!(STACK == ANY_STACK_SHIFT || 1 << STACK <= STACKED_MAX_HEADS) };
+    // Whether the CTA may cover several KV heads, whose scores it masks to their rows.
+    let stacks = STACK != 0;
     let guess = GUESS;
     if !guess {
         wait_unless_page_table_stable(p);
@@ -500,9 +505,7 @@ pub unsafe fn decode_mma<
     let head_blocks = group.div_ceil(heads_per_cta);
     // Stacked KV heads (one head block each): the CTA's first KV head, and its query heads are
     // those of all its KV heads, consecutive in `q` and `o`.
-    // Entries without `STACKS` run one KV head per CTA (the host's rule), so their shift is a
-    // constant and the head arithmetic of the main loop folds away.
-    let stack_shift = if STACKS { p.stack_shift } else { 0 };
+    let stack_shift = if STACK == ANY_STACK_SHIFT { p.stack_shift } else { STACK };
     let kv_head = (head_block / head_blocks) << stack_shift;
     let first_group_head = (head_block % head_blocks) * heads_per_cta;
     // At most `max_q_tiles()` query tiles: the host stacks at most one tile of heads.
@@ -730,7 +733,7 @@ pub unsafe fn decode_mma<
     // Stacked KV heads: the stacked head of each of the lane's rows (rows past `heads` match
     // none); a tile's scores count only for the rows of its head.
     let mut row_head = [0u32; 2];
-    if STACKS {
+    if stacks {
         for r in 0..2 {
             row_head[r] = stacked_head_of_row(q_tile * 16 + frag_row + 8 * r as u32, p.group_reciprocal);
         }
@@ -815,7 +818,7 @@ pub unsafe fn decode_mma<
                             s[nt][i] = f32::NEG_INFINITY;
                         }
                     }
-                    if STACKS && row_head[i / 2] != block_head {
+                    if stacks && row_head[i / 2] != block_head {
                         s[nt][i] = f32::NEG_INFINITY;
                     }
                     row_max[i / 2] = fmax(row_max[i / 2], s[nt][i]);
@@ -829,7 +832,7 @@ pub unsafe fn decode_mma<
                 let m_new = fmax(m[r], row_max[r]);
                 // Stacked KV heads: a row whose head has not come yet has seen only masked
                 // scores; it keeps l = 0 and O = 0 (weights exp2(-inf - 0) = 0).
-                let unseen = STACKS && m_new == f32::NEG_INFINITY;
+                let unseen = stacks && m_new == f32::NEG_INFINITY;
                 scale[r] = if unseen { 1.0 } else { exp2(m[r] - m_new) };
                 m_exp[r] = if unseen { 0.0 } else { m_new };
                 m[r] = m_new;

@@ -76,8 +76,8 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 }
 
 /// The tensor-core decode entry `$name` over the K/V cache format `$cache` ([`cache::KvCache`]).
-/// `$stacks` (whether a CTA may cover several KV heads, `decode::decode_mma`'s `STACKS`) defaults
-/// to the tiling's own, off in split and guessing entries.
+/// `$stack` (`decode::decode_mma`'s `STACK`, the stack shift) defaults to the run-time one in
+/// the unsplit, unguessing entries of a tiling that stacks heads, and to 0 in the others.
 macro_rules! decode_mma_entry {
     ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal) => {
         decode_mma_entry!($name, $cache, $d, $tiling, $split, Plain, false);
@@ -87,7 +87,11 @@ macro_rules! decode_mma_entry {
     };
     ($name:ident, $cache:ty, $d:literal, $tiling:ident, $split:literal, $logits:ident, $guess:literal) => {
         decode_mma_entry!($name, $cache, $d, $tiling, $split, $logits, $guess, {
-            $tiling::<$d>::T.stacks_heads && !$split && !$guess
+            if $tiling::<$d>::T.stacks_heads && !$split && !$guess {
+                crate::params::ANY_STACK_SHIFT
+            } else {
+                0
+            }
         });
     };
     (
@@ -98,7 +102,7 @@ macro_rules! decode_mma_entry {
         $split:literal,
         $logits:ident,
         $guess:literal,
-        $stacks:block
+        $stack:block
     ) => {
         /// # Safety
         /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`.
@@ -116,7 +120,7 @@ macro_rules! decode_mma_entry {
                     { decode_merge_batch($d) as usize },
                     $logits,
                     $guess,
-                    $stacks,
+                    $stack,
                 >(&p)
             }
         }
@@ -134,18 +138,29 @@ decode_mma_entry!(decode_mma_bf16_d128, Native<BF16>, 128, Standard, false);
 decode_mma_entry!(decode_mma_split_bf16_d128, Native<BF16>, 128, Standard, true);
 decode_mma_entry!(decode_mma_bf16_d256, Native<BF16>, 256, Standard, false);
 decode_mma_entry!(decode_mma_split_bf16_d256, Native<BF16>, 256, Standard, true);
-// Lean tiling, unsplit: many short requests (see `params::lean_tiling`).
-decode_mma_entry!(decode_mma_lean_f16_d64, Native<F16>, 64, Lean, false);
-decode_mma_entry!(decode_mma_lean_f16_d128, Native<F16>, 128, Lean, false);
-decode_mma_entry!(decode_mma_lean_bf16_d64, Native<BF16>, 64, Lean, false);
-decode_mma_entry!(decode_mma_lean_bf16_d128, Native<BF16>, 128, Lean, false);
-// The same with one KV head per CTA (the stacking rule's `k = 1`): the shift a constant.
-decode_mma_entry!(decode_mma_lean_unstacked_f16_d64, Native<F16>, 64, Lean, false, Plain, false, { false });
-decode_mma_entry!(decode_mma_lean_unstacked_f16_d128, Native<F16>, 128, Lean, false, Plain, false, { false });
-decode_mma_entry!(decode_mma_lean_unstacked_bf16_d64, Native<BF16>, 64, Lean, false, Plain, false, { false });
-decode_mma_entry!(decode_mma_lean_unstacked_bf16_d128, Native<BF16>, 128, Lean, false, Plain, false, {
-    false
-});
+// Lean tiling, unsplit: many short requests (see `params::lean_tiling`), one entry per stack
+// shift (`1 << shift` KV heads per CTA), so that the shift is a constant of each.
+macro_rules! decode_lean_entries {
+    ($($cache:ty, $d:literal: $x1:ident, $x2:ident, $x4:ident, $x8:ident, $x16:ident;)*) => {
+        $(
+            decode_mma_entry!($x1, $cache, $d, Lean, false, Plain, false, { 0 });
+            decode_mma_entry!($x2, $cache, $d, Lean, false, Plain, false, { 1 });
+            decode_mma_entry!($x4, $cache, $d, Lean, false, Plain, false, { 2 });
+            decode_mma_entry!($x8, $cache, $d, Lean, false, Plain, false, { 3 });
+            decode_mma_entry!($x16, $cache, $d, Lean, false, Plain, false, { 4 });
+        )*
+    };
+}
+decode_lean_entries! {
+    Native<F16>, 64: decode_mma_lean_x1_f16_d64, decode_mma_lean_x2_f16_d64, decode_mma_lean_x4_f16_d64,
+        decode_mma_lean_x8_f16_d64, decode_mma_lean_x16_f16_d64;
+    Native<F16>, 128: decode_mma_lean_x1_f16_d128, decode_mma_lean_x2_f16_d128, decode_mma_lean_x4_f16_d128,
+        decode_mma_lean_x8_f16_d128, decode_mma_lean_x16_f16_d128;
+    Native<BF16>, 64: decode_mma_lean_x1_bf16_d64, decode_mma_lean_x2_bf16_d64, decode_mma_lean_x4_bf16_d64,
+        decode_mma_lean_x8_bf16_d64, decode_mma_lean_x16_bf16_d64;
+    Native<BF16>, 128: decode_mma_lean_x1_bf16_d128, decode_mma_lean_x2_bf16_d128, decode_mma_lean_x4_bf16_d128,
+        decode_mma_lean_x8_bf16_d128, decode_mma_lean_x16_bf16_d128;
+}
 
 /// Lean tiling, split: a long request among many short ones, cut by the scheduled partition.
 /// sm_90 only: at the lean entries' 128 registers the sm_80 build spills the split chunk's

@@ -251,6 +251,10 @@ pub const fn lean_tiling(head_dim: u32) -> MmaTiling {
 /// Most query heads a CTA of stacked KV heads covers: one 16-row query tile.
 pub const STACKED_MAX_HEADS: u32 = 16;
 
+/// The stack shift of an entry that takes it from [`DecodeParams::stack_shift`] at run time
+/// (the 8-bit cache's lean entries); the 16-bit lean entries have one constant shift each.
+pub const ANY_STACK_SHIFT: u32 = u32::MAX;
+
 impl MmaTiling {
     /// Most 16-row query tiles a CTA holds: its `heads_per_cta`, or one tile of stacked KV heads
     /// ([`STACKED_MAX_HEADS`]).

@@ -104,7 +104,8 @@ const READ_BANDWIDTH_THREADS: u32 = 256;
 /// shared memory of `q_tiles` 16-row query tiles of their tiling (`params::standard_tiling`, or
 /// `params::lean_tiling` for `decode_mma_lean_*` and `decode_mma_guess_lean_*`; the `fp8_`
 /// tilings for entries over an 8-bit cache, `…_e4m3_…` and `…_e5m2_…`),
-/// `q_tiles = ceil(min(group, heads per CTA) / 16)`.
+/// `q_tiles = ceil(min(group, heads per CTA) / 16)`; one query tile in the lean entries of
+/// several stacked KV heads (`decode_mma_lean_x{2,4,8,16}_*`).
 pub fn launches(entry: &str) -> Vec<Launch> {
     let single = |threads, dynamic_smem| vec![Launch { label: String::new(), threads, dynamic_smem }];
     if entry.starts_with("decode_mma_") {
@@ -117,7 +118,9 @@ pub fn launches(entry: &str) -> Vec<Launch> {
             (false, false) => params::standard_tiling(head_dim),
             (false, true) => params::fp8_tiling(head_dim),
         };
-        return (1..=tiling.heads_per_cta / 16)
+        let stacked = entry.starts_with("decode_mma_lean_x") && !entry.starts_with("decode_mma_lean_x1_");
+        let max_q_tiles = if stacked { 1 } else { tiling.heads_per_cta / 16 };
+        return (1..=max_q_tiles)
             .map(|q_tiles| Launch {
                 label: format!("q_tiles={q_tiles}"),
                 threads: params::DECODE_THREADS,
@@ -178,8 +181,10 @@ mod tests {
         assert_eq!(d128[3].dynamic_smem, params::mma_smem_bytes(params::standard_tiling(128), 128, 4));
         assert!(d128.iter().all(|l| l.threads == params::DECODE_THREADS));
         assert_eq!(launches("decode_mma_bf16_d256").len(), 2);
-        let lean = launches("decode_mma_lean_f16_d128");
+        let lean = launches("decode_mma_lean_x1_f16_d128");
         assert_eq!(lean.len(), 2);
+        // Stacked KV heads fill one query tile.
+        assert_eq!(launches("decode_mma_lean_x4_f16_d128"), lean[..1]);
         assert_eq!(lean[0].dynamic_smem, params::mma_smem_bytes(params::lean_tiling(128), 128, 1));
         // The guessing entries launch with their path's tiling: lean, or the standard one.
         assert_eq!(launches("decode_mma_guess_lean_f16_d128"), lean);
