@@ -388,23 +388,32 @@ fn run_scaled_poisoned<T: Element + ProblemCache, C: ProblemCache>(
 }
 
 /// Very short requests in large batches: the lean kernel stacks KV heads, several per CTA. Each
-/// case must stack (the test fails if the rule stops doing so) and match the float64 reference.
+/// case must stack (the test fails if the rule stops doing so; `max_heads` caps the count, which
+/// must then be reached exactly) and match the float64 reference.
 /// The rows of requests of at most 16 tokens (one 16-token block per head) must also equal, bit
 /// for bit, the same plan with one KV head per CTA: a stacked CTA computes such a row as the
 /// unstacked one does, and the other heads' blocks add exact zeros. (A longer request's blocks
 /// meet in another order: a stacked tile holds 16-token segments of several heads.)
-fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, name: &str, spec: &ProblemSpec) {
+fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    name: &str,
+    spec: &ProblemSpec,
+    max_heads: Option<u32>,
+) {
     let host = HostProblem::<T, C>::random(spec).unwrap();
     let r = host.reference().unwrap();
     let select = |max_stacked_kv_heads| {
         let pref = PlanPreference { max_stacked_kv_heads, ..PlanPreference::default() };
         BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, pref).unwrap()
     };
-    let (stacked, single) = (select(None), select(Some(1)));
+    let (stacked, single) = (select(max_heads), select(Some(1)));
     let n = host.indices.len();
     let heads = stacked.stacked_kv_heads(n);
     let what = format!("{name} {:?}/{:?}: {heads} KV heads per CTA", T::KIND, C::CACHE_KIND);
     assert!(stacked.path(n) == DecodePath::Lean && heads > 1, "{what}: expected stacked lean CTAs");
+    if let Some(max) = max_heads {
+        assert_eq!(heads, max, "{what}: expected {max} KV heads per CTA");
+    }
     assert_eq!(single.stacked_kv_heads(n), 1, "{what}");
     let (o, lse) = run_scaled_poisoned(dev, &stacked, &host);
     let err = check(&what, &host.spec, &o, &lse, &r);
@@ -429,24 +438,31 @@ fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, name: 
 fn decode_stacked_kv_heads() {
     let Some(dev) = device("decode_stacked_kv_heads") else { return };
     // (name, lengths, query heads, KV heads, head_dim, page size): groups 1, 2, 4 and 8, ragged
-    // lengths with empty and 1-token requests, page sizes 1, 5 and 16.
+    // lengths with empty and 1-token requests, page sizes 1, 5 and 16; then each stack count
+    // (one lean entry each over a 16-bit cache) forced by the preference, at most that many KV
+    // heads per CTA (`lean_stacking_reaches_every_entry` checks the rule picks it on an H200).
     let ragged = |batch: usize, max: usize, step: usize| (0..batch).map(|i| (i * step) % (max + 1)).collect();
+    let every_count = || with_lens(vec![16; 4096], 16, 16, 64, 16);
     // The smallest first: `PAGED_DECODE_STACKED_CASES` runs only the first few (the sanitizers).
-    let cases: Vec<(&str, ProblemSpec)> = vec![
-        ("group 4, d 64, L = 16", with_lens(vec![16; 1100], 16, 4, 64, 16)),
-        ("group 4, d 128, L ≤ 40", with_lens(ragged(2048, 40, 7), 32, 8, 128, 16)),
-        ("group 1, d 64, page 1", with_lens(ragged(1200, 20, 3), 16, 16, 64, 1)),
-        ("group 2, d 128, page 5", with_lens(ragged(1500, 60, 11), 16, 8, 128, 5)),
-        ("group 8, d 64", with_lens(ragged(1600, 30, 13), 64, 8, 64, 16)),
+    let cases: Vec<(&str, ProblemSpec, Option<u32>)> = vec![
+        ("group 4, d 64, L = 16", with_lens(vec![16; 1100], 16, 4, 64, 16), None),
+        ("group 4, d 128, L ≤ 40", with_lens(ragged(2048, 40, 7), 32, 8, 128, 16), None),
+        ("group 1, d 64, page 1", with_lens(ragged(1200, 20, 3), 16, 16, 64, 1), None),
+        ("group 2, d 128, page 5", with_lens(ragged(1500, 60, 11), 16, 8, 128, 5), None),
+        ("group 8, d 64", with_lens(ragged(1600, 30, 13), 64, 8, 64, 16), None),
+        ("group 1, d 64, 2 heads per CTA", every_count(), Some(2)),
+        ("group 1, d 64, 4 heads per CTA", every_count(), Some(4)),
+        ("group 1, d 64, 8 heads per CTA", every_count(), Some(8)),
+        ("group 1, d 64, 16 heads per CTA", every_count(), Some(16)),
     ];
     let count: usize = problem::env_number("PAGED_DECODE_STACKED_CASES", cases.len());
-    for (i, (name, spec)) in cases.into_iter().take(count).enumerate() {
+    for (i, (name, spec, max_heads)) in cases.into_iter().take(count).enumerate() {
         let spec = ProblemSpec { seed: 7000 + i as u64, sm_scale: 0.09, ..spec };
-        stacked_case::<f16, f16>(&dev, name, &spec);
-        stacked_case::<bf16, bf16>(&dev, name, &spec);
+        stacked_case::<f16, f16>(&dev, name, &spec, max_heads);
+        stacked_case::<bf16, bf16>(&dev, name, &spec, max_heads);
         if runs_fp8(&dev, "decode_stacked_kv_heads (8-bit caches)") {
-            stacked_case::<f16, F8E4M3>(&dev, name, &spec);
-            stacked_case::<bf16, F8E5M2>(&dev, name, &spec);
+            stacked_case::<f16, F8E4M3>(&dev, name, &spec, max_heads);
+            stacked_case::<bf16, F8E5M2>(&dev, name, &spec, max_heads);
         }
     }
 }

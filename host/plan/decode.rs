@@ -949,6 +949,37 @@ mod tests {
         })
     }
 
+    /// The lean entries per stack shift are each reachable: a batch of many waves of 16-token
+    /// requests over 16 KV heads of one query head each stacks as many KV heads as the
+    /// preference allows (`tests/gpu.rs` runs each of these counts on the GPU).
+    #[test]
+    fn lean_stacking_reaches_every_entry() {
+        let props = DEVICES[1];
+        let elements = [ElementKind::F16, ElementKind::BF16, ElementKind::E4M3, ElementKind::E5M2];
+        for (element, head_dim) in elements.into_iter().flat_map(|e| entry::LEAN_HEAD_DIMS.map(|d| (e, d))) {
+            let desc = BatchPagedDecodeDescriptor {
+                batch_size: 4096,
+                num_qo_heads: 16,
+                sm_scale: 0.125,
+                paged_kv: PagedKvCacheDescriptor {
+                    page_size: 16,
+                    num_total_pages: 4096,
+                    num_kv_heads: 16,
+                    head_dim: head_dim as i32,
+                    element,
+                },
+            };
+            let config = configure(&desc, &props, &PlanPreference::default(), Residency::UNBOUNDED).unwrap();
+            let lean = config.lean.expect("a lean launch");
+            for heads in entry::LEAN_STACKED_HEADS {
+                let shift = lean.stack_shift(&desc, 4096 * 16, heads);
+                assert_eq!(1 << shift, heads, "{element:?} d{head_dim}, at most {heads} KV heads per CTA");
+                let entries = LeanEntries::PerShift(entry::LEAN_STACKED_HEADS.to_vec());
+                assert_eq!(*entries.for_shift(shift), heads);
+            }
+        }
+    }
+
     #[test]
     fn every_entry_select_loads_is_in_the_shipped_ptx() {
         let prefs = [
