@@ -291,8 +291,9 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     /// The SM count ([`PlanPreference::guess_max_ctas`] for tuning): in a launch of at most one
     /// CTA per SM, every CTA starts under the previous kernel and few CTAs read each page-table
     /// line. Up to two per SM, the whole kernel's guessing entry ran 1–3 % faster on most rows but
-    /// 9 % slower on a full wave of short requests, and the lean one (165 registers, three CTAs
-    /// per SM) 2–6 % slower (runs 155–157).
+    /// 9 % slower on a full wave of short requests, and the lean one 2–6 % slower (runs 155–157,
+    /// at 165 registers); at one KV head per CTA (125 registers, four per SM) it ran one row 5 %
+    /// faster and another 5 % slower (run 174).
     guess_max_ctas: u32,
     check_fn: CudaFunction,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
