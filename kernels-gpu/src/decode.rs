@@ -31,7 +31,8 @@
 //!   Its tiles hold 16-token segments of several heads (as many as a tile has room for, see
 //!   `KvPipeline`) and run token-major; each 16-token block's scores are masked to the rows of
 //!   the block's head. So one CTA carries several (request, KV head) pairs through one pipeline
-//!   and pays its start-up and epilogue once, and a 16-token request fills its tiles.
+//!   and pays its start-up and epilogue once, and a 16-token request fills its tiles. The
+//!   16-bit lean entries have the stack count as a constant (one entry per count, `STACK`).
 //! - K/V tiles of 16 KB each (8192 / D tokens; 8 KB of 8-bit codes) stream global → shared through a 3-stage
 //!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
 //!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring

@@ -85,8 +85,10 @@ pub struct DecodeParams {
     /// Tilings that stack KV heads ([`MmaTiling::stacks_heads`]): each CTA covers
     /// `1 << stack_shift` consecutive KV heads of its request (grid y `num_kv_heads >>
     /// stack_shift`, which it divides), their `group << stack_shift ≤ 16` query heads in one
-    /// query tile. 0: one KV head per CTA. The other tilings ignore it, and so do the lean
-    /// split entries (`decode_mma_lean_split_*`), which the host launches unstacked only.
+    /// query tile. 0: one KV head per CTA. Only the 8-bit cache's lean entries read it: each
+    /// 16-bit lean entry (`decode_mma_lean_x{k}_*`) has its shift as a constant and is launched
+    /// only with that shift; the other tilings, the lean split and the guessing entries run
+    /// unstacked.
     pub stack_shift: u32,
     /// Programmatic dependent launch: 1 lets a CTA read the page table (`indptr`, `indices`,
     /// `last_page_len`) before `griddepcontrol.wait`, as the caller promised that the kernel
