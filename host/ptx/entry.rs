@@ -134,9 +134,9 @@ fn element_name(element: ElementKind) -> &'static str {
 
 /// Every entry point the kernels provide for the host, in their order of definition: the
 /// tensor-core decode entries for 16-bit elements, whole and split, at each supported head_dim;
-/// the lean ones at [`LEAN_HEAD_DIMS`] for each of [`LEAN_STACKED_HEADS`]; the CUDA-core decode entries for f32; the logits soft-cap
-/// entries of both kernels (whole and split); the append entries (`u8`: a byte copy, for tokens
-/// already quantized to 8 bits); then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and
+/// the lean ones at [`LEAN_HEAD_DIMS`] for each of [`LEAN_STACKED_HEADS`]; the CUDA-core decode
+/// entries for f32; the logits soft-cap entries of both kernels (whole and split); the append
+/// entries (`u8`: a byte copy, for tokens already quantized to 8 bits); then [`SCHEDULE_CHUNKS`], [`CHECK_PAGE_TABLE`] and
 /// [`READ_BANDWIDTH`]. The sm_90 build adds [`sm90_only`].
 pub fn all() -> Vec<String> {
     use DecodeVariant::{LeanHeads, Split, Whole};
