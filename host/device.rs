@@ -117,20 +117,62 @@ impl DeviceProps {
     }
 }
 
-/// The kernel module of build `arch` in one context, JIT-compiled on first use
-/// ([`crate::ptx::of_build`]).
-pub(crate) fn module(ctx: &Arc<CudaContext>, arch: ArchSku) -> Result<Arc<CudaModule>> {
-    /// A context (its `CUcontext` as an address) and one of its builds.
-    type Key = (usize, ArchSku);
-    static MODULES: Mutex<Vec<(Key, Arc<CudaModule>)>> = Mutex::new(Vec::new());
-    let key = (ctx.cu_ctx() as usize, arch);
-    let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, m)) = cache.iter().find(|(k, _)| *k == key) {
-        return Ok(m.clone());
+/// A context (its `CUcontext` as an address), a build, and one of its entry points.
+type ModuleKey = (usize, ArchSku, String);
+
+/// The modules loaded so far, one per entry point of a build in a context.
+static MODULES: Mutex<Vec<(ModuleKey, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+
+fn cached_module(key: &ModuleKey) -> Option<Arc<CudaModule>> {
+    let cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    cache.iter().find(|(k, _)| k == key).map(|(_, m)| m.clone())
+}
+
+/// The module of entry point `name` of build `arch` in one context, JIT-compiled on first use
+/// ([`crate::ptx::EntryModules`]: the driver compiles a module whole, so each entry is a module
+/// of its own and a plan compiles only the entries it launches).
+pub(crate) fn module(ctx: &Arc<CudaContext>, arch: ArchSku, name: &str) -> Result<Arc<CudaModule>> {
+    let key = (ctx.cu_ctx() as usize, arch, name.to_string());
+    if let Some(m) = cached_module(&key) {
+        return Ok(m);
     }
-    let m = ctx.load_module(Ptx::from_src(crate::ptx::of_build(arch)))?;
+    let Some(ptx) = crate::ptx::entry_modules(arch).module(name) else {
+        return Err(Error::Unsupported(format!("entry point {name} is not in the {arch:?} PTX build")));
+    };
+    // Compiled without holding the cache, so that several entries compile at once (`preload`);
+    // two threads compiling the same entry keep the first module stored.
+    let m = ctx.load_module(Ptx::from_src(ptx))?;
+    let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, first)) = cache.iter().find(|(k, _)| *k == key) {
+        return Ok(first.clone());
+    }
     cache.push((key, m.clone()));
     Ok(m)
+}
+
+/// Compiles the modules of entry points `names` of build `arch` that are not loaded yet, on a
+/// thread each: the driver's JIT runs on the calling thread, so a plan's dozen entries compile
+/// side by side instead of in turn.
+pub(crate) fn preload(ctx: &Arc<CudaContext>, arch: ArchSku, names: &[&str]) -> Result<()> {
+    let mut missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|name| cached_module(&(ctx.cu_ctx() as usize, arch, name.to_string())).is_none())
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    if missing.len() < 2 {
+        return missing.iter().try_for_each(|name| module(ctx, arch, name).map(drop));
+    }
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = missing.iter().map(|name| scope.spawn(move || module(ctx, arch, name))).collect();
+        // Every thread is joined before the first error returns.
+        let results: Vec<Result<Arc<CudaModule>>> = loads
+            .into_iter()
+            .map(|load| load.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect();
+        results.into_iter().try_for_each(|r| r.map(drop))
+    })
 }
 
 /// Loads entry `name` of build `arch`, raising its dynamic shared-memory limit to `smem_bytes`
@@ -146,7 +188,7 @@ pub(crate) fn function(
     smem_bytes: u32,
 ) -> Result<CudaFunction> {
     static RAISING: Mutex<()> = Mutex::new(());
-    let f = module(ctx, arch)?.load_function(name)?;
+    let f = module(ctx, arch, name)?.load_function(name)?;
     if smem_bytes > 48 * 1024 {
         let limit =
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;

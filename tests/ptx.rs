@@ -152,26 +152,13 @@ fn every_copy_reads_a_written_cache_policy_descriptor() {
     }
 }
 
-/// The PTX text of each entry, from its `.entry` line to the next one.
-fn entry_bodies(ptx: &str) -> Vec<(&str, &str)> {
-    let starts: Vec<usize> = ptx.match_indices(".visible .entry ").map(|(i, _)| i).collect();
-    starts
-        .iter()
-        .enumerate()
-        .map(|(k, &s)| {
-            let body = &ptx[s..starts.get(k + 1).copied().unwrap_or(ptx.len())];
-            (ptx::entries(body)[0], body)
-        })
-        .collect()
-}
-
 #[test]
 fn split_entries_merge_through_a_ticket_and_a_release_acquire_count() {
     const TICKET: &str = "atom.relaxed.gpu.global.add.u32";
     const PUBLISH: &str = "red.release.gpu.global.add.u32";
     const OBSERVE: &str = "ld.acquire.gpu.global.u32";
     for cc in [(8, 0), (9, 0)] {
-        let bodies = entry_bodies(ptx::for_compute_capability(cc));
+        let bodies: Vec<_> = ptx::EntryModules::new(ptx::for_compute_capability(cc)).definitions().collect();
         assert_eq!(bodies.len(), ptx::expected_entries(cc).len());
         for (name, body) in bodies {
             let split = name.contains("_split_");
@@ -179,6 +166,50 @@ fn split_entries_merge_through_a_ticket_and_a_release_acquire_count() {
                 assert_eq!(body.contains(op), split, "{name}: `{op}` belongs to the split merge only");
             }
             assert!(!body.contains("fence."), "{name}: the merge orders its writes through barriers");
+        }
+    }
+}
+
+/// Each entry loads as a module of its own (`ptx::EntryModules`, so that the driver compiles
+/// only a plan's entries): the cut covers the whole text, each module defines its entry alone,
+/// no module-scope variable would be split between modules, and ptxas assembles an entry's
+/// module into the same machine code as the whole build's.
+#[test]
+fn every_entry_is_a_module_of_its_own() {
+    for cc in [(8, 0), (9, 0)] {
+        let text = ptx::for_compute_capability(cc);
+        let modules = ptx::EntryModules::new(text);
+        assert_eq!(modules.names().collect::<Vec<_>>(), ptx::entries(text));
+        assert!(modules.shared_state().is_empty(), "module-scope state: {:?}", modules.shared_state());
+        let mut covered = modules.shared_len();
+        for name in modules.names() {
+            let module = modules.module(name).expect("the entry's module");
+            assert_eq!(ptx::entries(&module), [name]);
+            assert!(module.contains(".address_size 64") && module.contains("DYN_SMEM"));
+            covered += module.len() - modules.shared_len();
+        }
+        assert_eq!(covered, text.len(), "the entries and the shared text are the whole build");
+        assert!(modules.shared_len() < 16 * 1024, "each module repeats {} bytes", modules.shared_len());
+    }
+    let Some(assemblies) = assemblies() else {
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED ptxas comparison: {}", ptxas::INSTALL_HINT);
+        return;
+    };
+    let ptxas = ptxas::find().expect("ptxas, as assemblies() found it");
+    for (arch, cc, whole_build) in assemblies {
+        let whole = ptxas::report_of(whole_build, arch).unwrap_or_else(|e| panic!("{e}"));
+        let modules = ptx::EntryModules::new(ptx::for_compute_capability(*cc));
+        for name in ["decode_mma_split_f16_d128", "decode_mma_lean_x4_bf16_d64", "schedule_chunks"] {
+            let alone = ptxas::assemble(&ptxas, &modules.module(name).expect("entry"), arch, &[])
+                .unwrap_or_else(|e| panic!("{e}"));
+            let alone = ptxas::report_of(&alone, arch).unwrap_or_else(|e| panic!("{e}"));
+            let in_build = whole.iter().find(|r| r.entry == name).expect("the entry's report");
+            assert_eq!(alone.len(), 1, "{arch} {name}: one entry");
+            assert_eq!(
+                (alone[0].registers, alone[0].code_bytes),
+                (in_build.registers, in_build.code_bytes),
+                "{arch} {name}: registers and code bytes alone and in the whole build"
+            );
         }
     }
 }

@@ -237,11 +237,15 @@ pub fn read_ceiling(device: &Device) -> Result<f64> {
     Ok(median(&mut samples))
 }
 
-/// The `read_bandwidth` entry of the PTX build the device loads (a module of its own: the
-/// library's module cache is private to it).
+/// The `read_bandwidth` entry of the PTX build the device loads, as a module of its own
+/// ([`ptx::EntryModules`]; the library's module cache is private to it).
 fn read_bandwidth_kernel(device: &Device) -> Result<CudaFunction> {
     let cc = DeviceProps::query(&device.ctx)?.compute_capability;
-    let module = device.ctx.load_module(Ptx::from_src(ptx::for_compute_capability(cc)))?;
+    let build = ptx::entry_modules(ptx::build_for(cc));
+    let source = build.module(ptx::entry::READ_BANDWIDTH).ok_or_else(|| {
+        Error::Unsupported(format!("entry point {} is not in the PTX build", ptx::entry::READ_BANDWIDTH))
+    })?;
+    let module = device.ctx.load_module(Ptx::from_src(source))?;
     Ok(module.load_function(ptx::entry::READ_BANDWIDTH)?)
 }
 

@@ -271,6 +271,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         } else {
             entry::append(T::CACHE_KIND)
         };
+        device::preload(ctx, arch, &[&name, entry::CHECK_PAGE_TABLE])?;
         Ok(Self {
             desc: *desc,
             pref,

@@ -198,6 +198,17 @@ impl DecodeEntries {
         }
     }
 
+    /// Every entry named, the page-table check's among them.
+    fn names(&self) -> Vec<&str> {
+        let lean = self.lean.iter().flat_map(|l| l.iter()).map(String::as_str);
+        [Some(self.decode.as_str()), self.whole.as_deref(), self.schedule, Some(entry::CHECK_PAGE_TABLE)]
+            .into_iter()
+            .chain([&self.lean_split, &self.guess_whole, &self.guess_lean].map(Option::as_deref))
+            .flatten()
+            .chain(lean)
+            .collect()
+    }
+
     /// The decode entry of `kernel` for the descriptor's cache, head_dim and variant.
     fn decode_name(
         kernel: DecodeKernel,
@@ -235,7 +246,6 @@ impl<F> LeanEntries<F> {
         }
     }
 
-    #[cfg(test)]
     fn iter(&self) -> impl Iterator<Item = &F> {
         match self {
             Self::PerShift(entries) => entries.iter(),
@@ -437,6 +447,16 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         }
         let programmatic = pref.programmatic_launch && arch == ArchSku::Sm90;
         let guessing = programmatic && pref.stable_page_table.is_none();
+        // The entries this configuration launches, and both decode entries the residency check
+        // below reads, compiled side by side (its configuration rarely names other entries).
+        let first = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
+        let both = [DecodeVariant::Split, DecodeVariant::Whole]
+            .map(|v| DecodeEntries::decode_name(config.kernel, desc, variant, T::KIND, v));
+        let mut names = first.names();
+        if config.kernel == DecodeKernel::Mma {
+            names.extend(both.iter().map(String::as_str));
+        }
+        device::preload(ctx, arch, &names)?;
         if config.kernel == DecodeKernel::Mma {
             // The rule sized the waves by shared memory; the loaded entries' registers may hold
             // fewer CTAs per SM (the split and unsplit entries differ for some 8-bit caches), so
