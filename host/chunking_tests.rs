@@ -48,12 +48,30 @@ fn chunks_cover(len: u32, n: u32, chunk: u32) -> bool {
 
 #[test]
 fn chunks_of_is_ceil_division() {
+    // The f32 estimate of 4 289 146 248 / 2 144 573 120 (2.000000004) truncates to 1.
+    assert_eq!(chunks_of(4_289_146_248, 2_144_573_120), 3);
     for chunk in (16..=4096).step_by(16).chain([1, 7, 100_000, 1 << 20, u32::MAX - 15]) {
         for len in (0..3000).chain([u32::MAX / 64, u32::MAX / 2, u32::MAX - 1, u32::MAX]) {
             if (len as u64).div_ceil(chunk as u64) <= 1 << 16 {
                 assert_eq!(chunks_of(len, chunk), len.div_ceil(chunk).max(1), "len {len} chunk {chunk}");
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+    /// Chunk sizes within a few tokens of `len / q`, where the f32 estimate of the quotient
+    /// straddles an integer, over the whole `u32` range of lengths.
+    #[test]
+    fn chunks_of_is_ceil_division_near_integer_quotients(
+        len in any::<u32>(),
+        q in 1u32..=MAX_CHUNKS_PER_REQUEST,
+        offset in -64i64..=64,
+    ) {
+        let chunk = (len as i64 / q as i64 + offset).clamp(1, u32::MAX as i64) as u32;
+        prop_assume!((len as u64).div_ceil(chunk as u64) <= 1 << 16);
+        prop_assert_eq!(chunks_of(len, chunk), len.div_ceil(chunk).max(1), "len {} chunk {}", len, chunk);
     }
 }
 

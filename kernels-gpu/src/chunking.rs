@@ -8,15 +8,22 @@ use crate::params::MAX_CHUNKS_PER_REQUEST;
 pub const BISECTION_STEPS: u32 = 3;
 
 /// Chunks of `chunk_tokens` tokens a request of `len` tokens is split into, `max(1, ceil(len /
-/// chunk_tokens))`, without an integer division: an f32 estimate, corrected by one step either
-/// way. Exact while `len / chunk_tokens` stays far below 2^22 (the partition never asks for more
-/// than [`MAX_CHUNKS_PER_REQUEST`]); `chunk_tokens ≥ 1`.
+/// chunk_tokens))`, without an integer division: an f32 estimate, then corrected. The estimate
+/// truncates a quotient within a few f32 roundings of `len / chunk_tokens`, so it is within one
+/// of the floor while the quotient stays far below 2^21 (the partition never asks for more than
+/// [`MAX_CHUNKS_PER_REQUEST`]): the ceiling is at most two above it (a quotient just above an
+/// integer estimated just below it: 4 289 146 248 tokens in chunks of 2 144 573 120 give 1) or
+/// one below; `chunk_tokens ≥ 1`.
 #[inline(always)]
 pub fn chunks_of(len: u32, chunk_tokens: u32) -> u32 {
+    let covers = |n: u32| n as u64 * chunk_tokens as u64 >= len as u64;
     let mut n = (len as f32 * (1.0 / chunk_tokens as f32)) as u32;
-    if (n as u64) * (chunk_tokens as u64) < len as u64 {
+    if !covers(n) {
         n += 1;
-    } else if n > 0 && ((n - 1) as u64) * (chunk_tokens as u64) >= len as u64 {
+        if !covers(n) {
+            n += 1;
+        }
+    } else if n > 0 && covers(n - 1) {
         n -= 1;
     }
     n.max(1)
