@@ -6,9 +6,11 @@
 //! - [`page_table`]: the page table (`indptr` / `indices` / `last_page_len`) and its host-side validation.
 //!
 //! Kernels are Rust (`kernels-gpu/`), compiled to PTX by rustc's NVPTX backend and shipped with
-//! the package (`ptx/`), then JIT-compiled by the CUDA driver at load time. Device memory is
-//! cudarc's: the tensor views wrap [`cudarc::driver::CudaView`]s, so buffers another cudarc user
-//! owns (candle, for one) go in without copies. [`cudarc`] and [`half`] are re-exported.
+//! the package (`ptx/`), then JIT-compiled by the CUDA driver when a plan first loads them: each
+//! entry point is a module of its own, so a plan compiles only its own ([`ptx::EntryModules`]).
+//! Device memory is cudarc's: the tensor views wrap [`cudarc::driver::CudaView`]s, so buffers
+//! another cudarc user owns (candle, for one) go in without copies. [`cudarc`] and [`half`] are
+//! re-exported.
 //!
 //! # Example
 //!
