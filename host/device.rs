@@ -161,26 +161,25 @@ pub(crate) fn preload(ctx: &Arc<CudaContext>, arch: ArchSku, names: &[&str]) -> 
         .collect();
     missing.sort_unstable();
     missing.dedup();
-    if missing.len() < 2 {
-        return missing.iter().try_for_each(|name| module(ctx, arch, name).map(drop));
-    }
     std::thread::scope(|scope| {
-        // An entry whose thread the system refuses compiles on this one, after the others start.
-        let (started, refused): (Vec<_>, Vec<_>) = missing
+        // An entry whose thread the system refuses compiles on this one instead.
+        let loads: Vec<_> = missing
             .iter()
             .map(|name| {
-                (name, std::thread::Builder::new().spawn_scoped(scope, move || module(ctx, arch, name)))
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || module(ctx, arch, name))
+                    .map_err(|_| name)
             })
-            .partition(|(_, spawned)| spawned.is_ok());
-        let inline: Vec<Result<Arc<CudaModule>>> =
-            refused.into_iter().map(|(name, _)| module(ctx, arch, name)).collect();
-        // Every thread is joined before the first error returns.
-        let joined: Vec<Result<Arc<CudaModule>>> = started
-            .into_iter()
-            .filter_map(|(_, spawned)| spawned.ok())
-            .map(|load| load.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect();
-        inline.into_iter().chain(joined).try_for_each(|r| r.map(drop))
+        // Every load ends before the first error returns.
+        let results: Vec<Result<Arc<CudaModule>>> = loads
+            .into_iter()
+            .map(|load| match load {
+                Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(name) => module(ctx, arch, name),
+            })
+            .collect();
+        results.into_iter().try_for_each(|r| r.map(drop))
     })
 }
 

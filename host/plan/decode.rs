@@ -447,23 +447,22 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         }
         let programmatic = pref.programmatic_launch && arch == ArchSku::Sm90;
         let guessing = programmatic && pref.stable_page_table.is_none();
-        // The entries this configuration launches, and both decode entries the residency check
-        // below reads, compiled side by side (its configuration rarely names other entries).
-        let first = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
-        let both = [DecodeVariant::Split, DecodeVariant::Whole]
-            .map(|v| DecodeEntries::decode_name(config.kernel, desc, variant, T::KIND, v));
-        let mut names = first.names();
-        if config.kernel == DecodeKernel::Mma {
-            names.extend(both.iter().map(String::as_str));
-        }
+        // The tensor-core kernel's split and unsplit entries, whose registers may hold fewer CTAs
+        // per SM than the shared memory the rule sized the waves by (the two differ for some 8-bit
+        // caches): the rule chooses again for the waves that are really resident.
+        let residency_entries = (config.kernel == DecodeKernel::Mma).then(|| {
+            [DecodeVariant::Split, DecodeVariant::Whole]
+                .map(|v| DecodeEntries::decode_name(config.kernel, desc, variant, T::KIND, v))
+        });
+        // Those and the entries this configuration launches, compiled side by side (the second
+        // choice rarely names other entries).
+        let launched = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
+        let mut names = launched.names();
+        names.extend(residency_entries.iter().flatten().map(String::as_str));
         device::preload(ctx, arch, &names)?;
-        if config.kernel == DecodeKernel::Mma {
-            // The rule sized the waves by shared memory; the loaded entries' registers may hold
-            // fewer CTAs per SM (the split and unsplit entries differ for some 8-bit caches), so
-            // choose again for the waves that are really resident.
-            let resident = |v| -> Result<u32> {
-                let name = DecodeEntries::decode_name(config.kernel, desc, variant, T::KIND, v);
-                let f = device::function(ctx, arch, &name, config.smem_bytes)?;
+        if let Some([split, whole]) = &residency_entries {
+            let resident = |name: &str| -> Result<u32> {
+                let f = device::function(ctx, arch, name, config.smem_bytes)?;
                 let n = f.occupancy_max_active_blocks_per_multiprocessor(
                     params::DECODE_THREADS,
                     config.smem_bytes as usize,
@@ -471,8 +470,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 )?;
                 Ok(if n > 0 { n } else { u32::MAX })
             };
-            let residency =
-                Residency { split: resident(DecodeVariant::Split)?, whole: resident(DecodeVariant::Whole)? };
+            let residency = Residency { split: resident(split)?, whole: resident(whole)? };
             config = configure_within(residency)?;
         }
         let entries = DecodeEntries::of(&config, desc, variant, &pref, T::KIND, guessing);
