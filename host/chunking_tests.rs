@@ -4,7 +4,9 @@
 
 use proptest::prelude::*;
 
-use crate::chunking::{chunk_bounds, chunk_size, chunks_of, max_items, request_chunks, round16};
+use crate::chunking::{
+    chunk_bounds, chunk_size, chunks_of, div_ceil_total, max_items, request_chunks, round16,
+};
 use crate::params::MAX_CHUNKS_PER_REQUEST;
 use crate::plan::MAX_TABLE_TOKENS;
 
@@ -29,6 +31,12 @@ fn partition_keeping(
     // The device skips the search when every request fits one chunk of `lo`, or when the batch
     // is one request: the same result.
     assert!(longest > lo || chunk == lo, "shortcut: lo {lo}, chunk {chunk}");
+    // It skips the bounds too when every request is at most `min_chunk` (rounded up to 16, at
+    // most `lo`) or kept whole: one chunk each, as the search gives.
+    if longest <= round16(min_chunk as u64).max(unsplit) {
+        assert!(round16(min_chunk as u64) <= lo, "lo {lo} below min_chunk {min_chunk}");
+        assert!(lens.iter().all(|&l| request_chunks(l, chunk, unsplit) == 1), "shortcut: chunk {chunk}");
+    }
     assert!(lens.len() != 1 || chunk == lo, "single request: lo {lo}, chunk {chunk}");
     (chunk, lens.iter().map(|&l| request_chunks(l, chunk, unsplit)).collect())
 }
@@ -261,6 +269,14 @@ proptest! {
             prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);
             prop_assert!(chunks_cover(len, n, chunk), "len {} in {} chunks of {}", len, n, chunk);
         }
+    }
+
+    #[test]
+    fn div_ceil_total_is_the_64_bit_ceiling(
+        total in prop_oneof![0u64..=u32::MAX as u64, Just(u32::MAX as u64), Just(u32::MAX as u64 + 1), any::<u64>()],
+        d in prop_oneof![1u32..=64, any::<u32>().prop_map(|d| d.max(1))],
+    ) {
+        prop_assert_eq!(div_ceil_total(total, d), total.div_ceil(d as u64));
     }
 
     #[test]

@@ -34,7 +34,7 @@
 //! `x` is request `x` and the search is skipped: one pass over the page table. A batch of one
 //! request needs neither search nor shuffles.
 
-use crate::chunking::{chunk_bounds, chunk_size, request_chunks};
+use crate::chunking::{chunk_bounds, chunk_size, request_chunks, round16};
 use crate::intrinsics::*;
 use crate::params::{DecodeParams, PARTITION_CACHED_BATCH};
 use crate::variant::{attended, window_start};
@@ -229,6 +229,13 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         // has slots; the grid is sized for that capacity ([`crate::chunking::max_items`]), so no
         // CTA takes an item, and no arrival counter is left behind.
         return None;
+    }
+
+    // Every request within one chunk of the smallest size (`chunk_bounds`' `lo` is at least
+    // `min_chunk`) or kept whole by `request_chunks`: item = request, as the partition below
+    // would find, without its divisions.
+    if longest <= round16(p.min_chunk as u64).max(p.unsplit_max_tokens) {
+        return (item < p.batch).then(|| unsafe { whole_request(p, item) });
     }
 
     // Items needed with chunk size `c`.
