@@ -4,9 +4,7 @@
 
 use proptest::prelude::*;
 
-use crate::chunking::{
-    chunk_bounds, chunk_size, chunks_of, div_ceil_total, max_items, request_chunks, round16,
-};
+use crate::chunking::{chunk_bounds, chunk_size, chunks_of, max_items, request_chunks, round16};
 use crate::params::MAX_CHUNKS_PER_REQUEST;
 use crate::plan::MAX_TABLE_TOKENS;
 
@@ -269,14 +267,6 @@ proptest! {
             prop_assert!((1..=MAX_CHUNKS_PER_REQUEST).contains(&n), "len {} in {} chunks of {}", len, n, chunk);
             prop_assert!(chunks_cover(len, n, chunk), "len {} in {} chunks of {}", len, n, chunk);
         }
-    }
-
-    #[test]
-    fn div_ceil_total_is_the_64_bit_ceiling(
-        total in prop_oneof![0u64..=u32::MAX as u64, Just(u32::MAX as u64), Just(u32::MAX as u64 + 1), any::<u64>()],
-        d in prop_oneof![1u32..=64, any::<u32>().prop_map(|d| d.max(1))],
-    ) {
-        prop_assert_eq!(div_ceil_total(total, d), total.div_ceil(d as u64));
     }
 
     #[test]

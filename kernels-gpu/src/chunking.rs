@@ -44,17 +44,6 @@ pub fn round16(x: u64) -> u32 {
     x.min(u32::MAX as u64 - 15).next_multiple_of(16) as u32
 }
 
-/// `ceil(total / d)` for `d ≥ 1`, in 32-bit arithmetic when `total` fits 32 bits: on the GPU a
-/// 64-bit division is a subroutine several times as long, and the partition of a batch of
-/// short requests runs a few of them in sequence before its first copy.
-#[inline(always)]
-pub fn div_ceil_total(total: u64, d: u32) -> u64 {
-    match u32::try_from(total) {
-        Ok(t) => t.div_ceil(d) as u64,
-        Err(_) => total.div_ceil(d as u64),
-    }
-}
-
 /// Bounds `(lo, hi)` on the chunk size for `batch` requests of `total` tokens, the longest
 /// `longest`, split into at most `num_chunks ≥ batch` chunks; both are multiples of 16 and
 /// `lo ≤ hi`. `hi` always fits (`Σ max(1, ceil(len / hi)) ≤ num_chunks`); `lo` is at least the
@@ -71,18 +60,18 @@ pub fn chunk_bounds(
     preferred_chunk: u32,
     balance_items: u32,
 ) -> (u32, u32) {
-    let balanced = if balance_items > 0 { round16(div_ceil_total(total, balance_items)) } else { 0 };
-    let lo = round16(div_ceil_total(total, num_chunks))
+    let balanced = if balance_items > 0 { round16(total.div_ceil(balance_items as u64)) } else { 0 };
+    let lo = round16(total.div_ceil(num_chunks as u64))
         .max(balanced)
         .max(round16(longest.div_ceil(MAX_CHUNKS_PER_REQUEST) as u64))
         .max(round16(min_chunk as u64))
-        .max(round16(preferred_chunk as u64).min(round16(div_ceil_total(total, (num_chunks / 2).max(1)))));
+        .max(round16(preferred_chunk as u64).min(round16(total.div_ceil((num_chunks / 2).max(1) as u64))));
     // `k = num_chunks / batch` chunks for the longest request, so at most `k` for every request.
     let per_request = (num_chunks / batch.max(1)).max(1);
     let mut hi = round16(longest.div_ceil(per_request) as u64);
     if num_chunks > batch {
         // Σ max(1, ceil(len / c)) ≤ total / c + batch ≤ num_chunks for c ≥ total / (num_chunks - batch).
-        hi = hi.min(round16(div_ceil_total(total, num_chunks - batch)));
+        hi = hi.min(round16(total.div_ceil((num_chunks - batch) as u64)));
     }
     (lo, hi.max(lo))
 }

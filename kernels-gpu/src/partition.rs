@@ -31,8 +31,10 @@
 //! Every warp computes the whole partition on its own (lanes own contiguous runs of
 //! `ceil(batch / 32)` requests, held in registers up to `LENS_PER_LANE`), with shuffles only:
 //! no shared memory and no barrier. When no request is longer than the lower bound on `C`, item
-//! `x` is request `x` and the search is skipped: one pass over the page table. A batch of one
-//! request needs neither search nor shuffles.
+//! `x` is request `x` and the search is skipped: one pass over the page table. When none is
+//! longer than `min_chunk` or `unsplit_max_tokens`, the bounds on `C` (64-bit divisions) are
+//! skipped too: a batch of short requests finds its items in the time of the pass and the
+//! shuffles. A batch of one request needs neither search nor shuffles.
 
 use crate::chunking::{chunk_bounds, chunk_size, request_chunks, round16};
 use crate::intrinsics::*;
