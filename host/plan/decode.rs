@@ -1043,18 +1043,9 @@ mod tests {
                                 let probed = [DecodeVariant::Split, DecodeVariant::Whole]
                                     .map(|v| DecodeEntries::decode_name(config.kernel, &desc, &variant, q, v))
                                     .map(|name| (config.kernel == DecodeKernel::Mma).then_some(name));
-                                let names = [
-                                    probed[0].as_deref(),
-                                    probed[1].as_deref(),
-                                    Some(e.decode.as_str()),
-                                    e.whole.as_deref(),
-                                    e.schedule,
-                                    e.lean_split.as_deref(),
-                                    e.guess_whole.as_deref(),
-                                    e.guess_lean.as_deref(),
-                                ];
-                                let lean = e.lean.iter().flat_map(|lean| lean.iter().map(String::as_str));
-                                for name in names.into_iter().flatten().chain(lean) {
+                                // As `select` preloads them: the launched entries, then the probed.
+                                let probed = probed.iter().flatten().map(String::as_str);
+                                for name in e.names().into_iter().chain(probed) {
                                     assert!(
                                         shipped.contains(&name),
                                         "{name} ({desc:?}, {pref:?}) is not in the PTX"
@@ -1067,10 +1058,12 @@ mod tests {
                 }
             }
         }
-        // The descriptors above reach every decode entry the host lists.
+        // The descriptors above reach every decode entry the host lists, and the page-table check.
         let listed: BTreeSet<String> = entry::of_build((9, 0))
             .into_iter()
-            .filter(|n| n.starts_with("decode_") || n == entry::SCHEDULE_CHUNKS)
+            .filter(|n| {
+                n.starts_with("decode_") || n == entry::SCHEDULE_CHUNKS || n == entry::CHECK_PAGE_TABLE
+            })
             .collect();
         assert_eq!(loaded, listed);
     }
