@@ -607,6 +607,8 @@ fn chained_decodes_see_the_previous_kernels_output() {
     let s = &dev.stream;
     // One request: a grid of only the chunks its page table can fill.
     // The last one takes the lean kernel over the scheduled partition.
+    // `PAGED_DECODE_CHAINED_CASES` runs only the first few (racecheck).
+    let count: usize = problem::env_number("PAGED_DECODE_CHAINED_CASES", 4);
     for (i, spec) in [
         ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
         ProblemSpec::uniform(96, 500, 32, 8, 128, 16),
@@ -620,6 +622,7 @@ fn chained_decodes_see_the_previous_kernels_output() {
         ),
     ]
     .into_iter()
+    .take(count)
     .enumerate()
     {
         let first = HostProblem::<f16>::random(&spec).unwrap();
@@ -694,8 +697,11 @@ fn page_table_written_by_the_previous_kernel() {
     let Some(dev) = device("page_table_written_by_the_previous_kernel") else { return };
     let s = &dev.stream;
     // The writer: two long requests, one CTA per (request, KV head), so that it is still running
-    // when the next launch's CTAs start; 64 lse values.
-    let writer = HostProblem::<f16>::random(&ProblemSpec::uniform(2, 32768, 32, 8, 128, 16)).unwrap();
+    // when the next launch's CTAs start; 64 lse values. `PAGED_DECODE_WRITER_TOKENS` shortens
+    // them under racecheck, which slows every launch alike (the test checks that the writer's lse
+    // stays positive).
+    let writer_tokens: usize = problem::env_number("PAGED_DECODE_WRITER_TOKENS", 32768).max(1024);
+    let writer = HostProblem::<f16>::random(&ProblemSpec::uniform(2, writer_tokens, 32, 8, 128, 16)).unwrap();
     let pref = PlanPreference { num_splits: Some(1), ..PlanPreference::default() };
     let writer_plan = BatchPagedDecodePlan::<f16>::select(s, &writer.desc, pref).unwrap();
     let mut writer_buf = DeviceProblem::upload(s, &writer, writer_plan.workspace_size()).unwrap();
