@@ -242,7 +242,8 @@ proptest! {
         balance in prop_oneof![Just(0u32), 1u32..600],
         tile in prop::sample::select(vec![32u32, 64, 128]),
         capacity_slack in prop_oneof![Just(0u64), 0u64..100, 0u64..1_000_000],
-        keep_whole in any::<bool>(),
+        // Kept whole: none, two tiles (the default rule), or up to a filling split's length.
+        unsplit_tiles in prop_oneof![Just(0u32), Just(2u32), 0u32..100],
     ) {
         let batch = lens.len() as u32;
         // Spare chunks: fewer than the batch, or a wave's worth with the balance bound.
@@ -252,7 +253,7 @@ proptest! {
             ((batch - 1) as f64 * spare_fraction) as u32
         };
         let num_chunks = batch * splits + spare;
-        let unsplit = if keep_whole { 2 * tile } else { 0 };
+        let unsplit = unsplit_tiles * tile;
         let (chunk, n) = partition_keeping(&lens, num_chunks, tile, 4 * tile, balance, unsplit);
         prop_assert!(chunk.is_multiple_of(16) && chunk >= tile);
         let used = n.iter().map(|&n| n as u64).sum::<u64>();
