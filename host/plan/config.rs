@@ -506,10 +506,12 @@ impl DecodeConfig {
             }
             return Ok(probe);
         }
-        if base <= wave && kernel == DecodeKernel::Mma && kv.element.fp8_layout().is_none() {
-            if let Some(filled) = probe.filling_split(desc, base, fits) {
-                return Ok(filled);
-            }
+        if base <= wave
+            && kernel == DecodeKernel::Mma
+            && kv.element.fp8_layout().is_none()
+            && let Some(filled) = probe.filling_split(desc, base, fits)
+        {
+            return Ok(filled);
         }
         if base <= wave {
             // Up to one poorly filled wave of the 8-bit or f32 kernels (or a 16-bit one whose
