@@ -298,8 +298,7 @@ fn decode_edge_cases() {
             },
         ),
         (
-            // 0.73 wave of per-request CTAs: 16-bit caches 4 splits, requests under 4 × 448 tokens
-            // whole; f32 spare chunks, head-major CTA order.
+            // 0.73 wave of per-request CTAs: spare chunks, head-major CTA order.
             "ragged batch within a wave",
             ProblemSpec {
                 lens: (0..24).map(|i| [1, 17, 300, 1000, 2500, 7000][i % 6]).collect(),
@@ -307,24 +306,24 @@ fn decode_edge_cases() {
             },
         ),
         (
-            // The same split either side of the length kept whole (1791 tokens whole, 1792 split).
-            "filling split at the whole length",
+            // 0.73 wave of requests of 0–3584 tokens: spare chunks.
+            "ragged lengths within a wave",
             ProblemSpec {
                 lens: (0..24).map(|i| [1791, 1792, 1793, 0, 447, 448, 2047, 3584][i % 8]).collect(),
                 ..ProblemSpec::uniform(24, 0, 32, 8, 128, 16)
             },
         ),
         (
-            // 48 requests × 4 KV heads (group 7): the filling split on the scheduled path.
-            "filling split, scheduled",
+            // 48 requests × 4 KV heads (group 7, 64-token pages): 0.73 wave, scheduled.
+            "ragged lengths within a wave, scheduled",
             ProblemSpec {
                 lens: (0..48).map(|i| [1500, 1792, 4000, 3, 1791, 2600][i % 6]).collect(),
                 ..ProblemSpec::uniform(48, 0, 28, 4, 128, 64)
             },
         ),
         (
-            // head_dim 256: 3 splits, requests under 3 × 224 tokens whole.
-            "filling split, d 256",
+            // head_dim 256, 20 requests × 8 KV heads.
+            "ragged lengths within a wave, d 256",
             ProblemSpec {
                 lens: (0..20).map(|i| [671, 672, 3000, 5, 1100][i % 5]).collect(),
                 ..ProblemSpec::uniform(20, 0, 32, 8, 256, 16)

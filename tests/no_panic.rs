@@ -562,7 +562,6 @@ fn decode_config() -> BoxedStrategy<DecodeConfig> {
                 }),
                 // Any lean partition and window too.
                 lean_spare_chunks: smem_bytes ^ wave_ctas,
-                split_min_tokens: num_splits ^ min_chunk,
                 window_left: (min_chunk % 3 == 0).then_some(preferred_chunk),
             },
         )

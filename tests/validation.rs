@@ -783,22 +783,22 @@ fn launched_chunks_follow_the_page_table_capacity() {
     assert_eq!((cfg.launched_chunks(&wide, 1), cfg.launched_chunks(&wide, 1 << 20)), (64, 97));
 }
 
-/// Whole requests with spare chunks within one poorly filled wave of the 8-bit kernel: head-major
-/// CTA order, but chunk-major (their CTAs first) when they leave a CTA slot free on every SM,
-/// which only entries of three or more CTAs per SM allow.
+/// Whole requests with spare chunks within one poorly filled wave: head-major CTA order, but
+/// chunk-major (their CTAs first) when they leave a CTA slot free on every SM, which only
+/// entries of three or more CTAs per SM allow.
 #[test]
 fn spare_chunk_order_within_one_wave() {
-    let order = |b, d, resident| {
-        let desc = decode_desc(ElementKind::E4M3, b, 32, 8, d);
-        let cfg = DecodeConfig::choose_resident(&desc, &H200, usize::MAX, resident).unwrap();
-        assert!(cfg.num_splits == 1 && cfg.spare_chunks > 0, "b {b} d {d}: {cfg:?}");
+    let order = |element, b, d| {
+        let desc = decode_desc(element, b, 32, 8, d);
+        let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        assert!(cfg.num_splits == 1 && cfg.spare_chunks > 0, "{element:?} b {b} d {d}: {cfg:?}");
         cfg.heads_along_x
     };
     // Two CTAs per SM: 17–32 requests × 8 KV heads fill more than one slot per SM.
-    assert!(!order(24, 128, 2));
-    // Three per SM (head_dim 64): 26–33 requests leave one free, 34–41 do not.
+    assert!(!order(ElementKind::F16, 24, 128));
+    // Three per SM (8-bit cache, head_dim 64): 26–33 requests leave one free, 34–41 do not.
     for (b, chunk_major) in [(26, true), (33, true), (34, false), (41, false)] {
-        assert_eq!(order(b, 64, 3), chunk_major, "b {b}");
+        assert_eq!(order(ElementKind::E4M3, b, 64), chunk_major, "b {b}");
     }
 }
 
@@ -810,8 +810,8 @@ fn spare_chunks_on_request() {
     let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap().with_spare_chunks(&desc, 33).unwrap();
     assert_eq!((cfg.num_chunks(&desc), cfg.balance_chunks, cfg.heads_along_x), (289, 33, true));
     assert!(cfg.is_split() && cfg.workspace_size(&desc) >= 289 * 32 * (128 + 1) * 4);
-    let desc = decode_desc(ElementKind::E4M3, 24, 32, 8, 128);
-    let cfg = DecodeConfig::choose_resident(&desc, &H200, usize::MAX, 2).unwrap();
+    let desc = decode_desc(ElementKind::F16, 24, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
     assert_eq!((cfg.spare_chunks, cfg.balance_chunks, cfg.heads_along_x), (23, 33, false), "{cfg:?}");
     let none = cfg.with_spare_chunks(&desc, 0).unwrap();
     assert!(!none.is_split() && none.workspace_size(&desc) == 0);
@@ -837,10 +837,8 @@ fn batch_one_is_split() {
 
 /// Half a wave of CTAs or less: split as far as one wave holds (132 SMs × 2 CTAs for the
 /// tensor-core kernel), rounded down to whole merge batches while 90 % of the wave stays busy
-/// (batch 1: 32 splits, not 33). Up to one poorly filled wave of a 16-bit cache: the fewest
-/// splits whose last wave is 78 % busy, requests too short for chunks of 224 KB kept whole; of an
-/// 8-bit one: no split at equal lengths, plus spare chunks (fewer than the batch) for long
-/// requests. Beyond: the last wave is at least 85 % busy.
+/// (batch 1: 32 splits, not 33). Up to one wave: no split at equal lengths, plus spare chunks (fewer than
+/// the batch) for long requests. Beyond: the last wave is at least 85 % busy.
 #[test]
 fn small_batches_fill_one_wave() {
     for (batch, want) in [(1, 32), (2, 16), (4, 8), (8, 4), (16, 2)] {
@@ -848,33 +846,10 @@ fn small_batches_fill_one_wave() {
         let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
         assert_eq!((cfg.num_splits, cfg.spare_chunks), (want, 0), "batch {batch}: {cfg:?}");
         assert_eq!(cfg.num_chunks(&desc), batch as u32 * want);
-        assert_eq!((cfg.wave_ctas, cfg.split_min_tokens), (264, 0));
+        assert_eq!(cfg.wave_ctas, 264);
     }
-    // 136–224 CTAs of 8 KV heads: 5 splits (680 CTAs in three waves of 264, 86 % busy), 3 (432–528
-    // in two: 82–100 %), 4 (768 in three: 97 %), 2 (416–448 in two: 79–85 %).
-    for (batch, want) in [(17, 5), (18, 3), (20, 3), (22, 3), (24, 4), (26, 2), (28, 2)] {
-        for (element, d, min_chunk) in [(ElementKind::F16, 128, 448), (ElementKind::BF16, 256, 224)] {
-            let desc = decode_desc(element, batch, 32, 8, d);
-            let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-            assert_eq!((cfg.num_splits, cfg.spare_chunks), (want, 0), "batch {batch} d {d}: {cfg:?}");
-            assert_eq!(cfg.split_min_tokens, want * min_chunk, "batch {batch} d {d}");
-            assert_eq!(cfg.unsplit_max_tokens(), (want * min_chunk - 1) as u64);
-            assert!(
-                cfg.heads_along_x
-                    && cfg.workspace_size(&desc) >= (batch as u32 * want) as usize * 32 * 129 * 4
-            );
-            // An override of the split count splits every request again.
-            assert_eq!(cfg.with_num_splits(&desc, 2).unwrap().unsplit_max_tokens(), 2 * cfg.min_chunk as u64);
-        }
-    }
-    // Without the workspace for the filling split: whole requests plus spare chunks.
     let desc = decode_desc(ElementKind::F16, 24, 32, 8, 128);
-    let full = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
-    let cfg = DecodeConfig::choose(&desc, &H200, full.workspace_size(&desc) - 1).unwrap();
-    assert_eq!((cfg.num_splits, cfg.spare_chunks, cfg.split_min_tokens), (1, 23, 0), "{cfg:?}");
-    // 8-bit caches keep whole requests with spare chunks.
-    let desc = decode_desc(ElementKind::E4M3, 24, 32, 8, 128);
-    let cfg = DecodeConfig::choose_resident(&desc, &H200, usize::MAX, 2).unwrap();
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
     assert_eq!((cfg.num_splits, cfg.spare_chunks), (1, 23), "{cfg:?}");
     assert!(cfg.is_split() && cfg.workspace_size(&desc) >= 47 * 32 * (128 + 1) * 4);
 

@@ -29,20 +29,6 @@ const PREFERRED_CHUNK_TILES: u32 = 4;
 const MAX_GRID_Y: u32 = 65535;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
 const WAVE_EFFICIENCY: f64 = 0.85;
-/// Launches of up to one poorly filled wave (16-bit caches): the smallest split count whose last
-/// wave is at least this busy. Below a wave a CTA streams about 19 GB/s whatever the others do
-/// (24 whole requests of 4k tokens × 8 KV heads, 192 CTAs: 3.5 TB/s), so an idle slot is lost
-/// bandwidth. Over 1–6 splits of 144–224 CTAs (18–28 requests × 8 KV heads, runs 201–202) the
-/// fastest count was this rule's, or within 1.5 % of it, wherever its chunks stayed long
-/// ([`SPLIT_MIN_CHUNK_BYTES`]).
-const FILL_EFFICIENCY: f64 = 0.78;
-/// A launch split by [`FILL_EFFICIENCY`] splits only requests whose chunks would each stream at
-/// least this many bytes of K and V (448 tokens at head_dim 128, 16-bit); shorter ones stay
-/// whole ([`DecodeConfig::split_min_tokens`]). Shorter chunks cost more in start-up per wave
-/// and in the merge than the filled slots give back: 24 requests of 1k tokens took 27.6 µs
-/// whole and 34.4 in 4 chunks of 256, 18 of 1.5k took 41.0 whole and 34.3 in 3 chunks of 500
-/// (runs 201–202).
-const SPLIT_MIN_CHUNK_BYTES: u64 = 224 * 1024;
 /// Default bound of [`PlanPreference::lean_max_avg_tokens`]: page tables holding at most this
 /// many tokens per request run the lean kernel when the batch fills more than a wave.
 pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
@@ -68,11 +54,6 @@ pub const LEAN_SPLIT_WAVES: u32 = 4;
 const REGISTERS_PER_SM: u32 = 65536;
 /// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
 const SMEM_RESERVED_PER_CTA: u32 = 1024;
-
-/// Fraction of the slots of the waves `ctas` CTAs take that they keep busy (waves of `wave`).
-fn wave_efficiency(ctas: u64, wave: u64) -> f64 {
-    ctas as f64 / (ctas.div_ceil(wave.max(1)) * wave.max(1)) as f64
-}
 
 /// CTAs of `smem_bytes` dynamic shared memory each that one SM's shared memory holds.
 fn ctas_per_sm_by_smem(props: &DeviceProps, smem_bytes: u32) -> u32 {
@@ -147,10 +128,6 @@ pub struct DecodeConfig {
     /// which also balances over them: a request longer than `total tokens / lean_spare_chunks`
     /// is cut into chunks of about that length. 0: the lean kernel never splits.
     pub lean_spare_chunks: u32,
-    /// Split launches keep requests of fewer attended tokens whole (one chunk, no merge), on top
-    /// of the [`UNSPLIT_MAX_TILES`] rule ([`Self::unsplit_max_tokens`]); 0: that rule alone.
-    /// Set by the rule for launches it splits to fill a poorly filled wave ([`FILL_EFFICIENCY`]).
-    pub split_min_tokens: u32,
     /// The plan's sliding window ([`AttentionVariantDescriptor::window_left`]; `choose` leaves
     /// it `None`): no request attends to more than `window_left + 1` tokens, which bounds the
     /// chunks launched and the lean rule's tokens per request ([`Self::attended_tokens`]).
@@ -449,7 +426,7 @@ impl DecodeConfig {
         let sm_count = props.sm_count.max(1) as u64;
         let wave = sm_count * per_sm.split as u64;
         let whole_wave = sm_count * per_sm.whole as u64;
-        let efficiency = wave_efficiency;
+        let efficiency = |ctas: u64, wave: u64| ctas as f64 / (ctas.div_ceil(wave) * wave) as f64;
         let min_chunk = match kernel {
             DecodeKernel::Mma => params::standard_tiling(d).tile_tokens,
             DecodeKernel::Simt => 64,
@@ -468,7 +445,6 @@ impl DecodeConfig {
             wave_ctas: wave.min(u32::MAX as u64) as u32,
             lean: LeanLaunch::for_descriptor(desc, props),
             lean_spare_chunks: 0,
-            split_min_tokens: 0,
             window_left: None,
         };
         let base = desc.batch_size.max(0) as u64 * probe.ctas_per_chunk(desc); // CTAs, unsplit
@@ -506,18 +482,10 @@ impl DecodeConfig {
             }
             return Ok(probe);
         }
-        if base <= wave
-            && kernel == DecodeKernel::Mma
-            && kv.element.fp8_layout().is_none()
-            && let Some(filled) = probe.filling_split(desc, base, fits)
-        {
-            return Ok(filled);
-        }
         if base <= wave {
-            // Up to one poorly filled wave of the 8-bit or f32 kernels (or a 16-bit one whose
-            // workspace cannot hold the filling split): one chunk per request at equal lengths,
-            // plus spare chunks (fewer than `batch`, so equal lengths stay whole) for requests
-            // longer than a wave's share.
+            // Up to one poorly filled wave: one chunk per request at equal lengths (splitting
+            // them measured slower), plus spare chunks (fewer than `batch`, so equal lengths stay
+            // whole) for requests longer than a wave's share.
             let spare = probe.wave_chunks(desc).min(desc.batch_size as u32 - 1);
             let mut with_spare = probe.with_spare(desc, spare);
             if kernel == DecodeKernel::Mma && base <= wave - sm_count {
@@ -547,29 +515,6 @@ impl DecodeConfig {
             }
         }
         Ok(Self { num_splits: best.1, ..probe })
-    }
-
-    /// A launch of `base` unsplit CTAs, up to one poorly filled wave: the smallest split count
-    /// whose last wave is [`FILL_EFFICIENCY`] busy, splitting only requests long enough for
-    /// chunks of [`SPLIT_MIN_CHUNK_BYTES`] each; `None` when no count up to [`MAX_SPLITS`] gets
-    /// there or `fits` (the workspace) refuses it.
-    fn filling_split(
-        self,
-        desc: &BatchPagedDecodeDescriptor,
-        base: u64,
-        fits: impl Fn(u32) -> bool,
-    ) -> Option<Self> {
-        let wave = self.wave_ctas as u64;
-        let num_splits =
-            (2..=MAX_SPLITS).find(|&s| wave_efficiency(base * s as u64, wave) >= FILL_EFFICIENCY)?;
-        if !fits(num_splits) {
-            return None;
-        }
-        let kv = &desc.paged_kv;
-        let token_bytes = 2 * kv.head_dim.max(1) as u64 * kv.element.size_bytes() as u64;
-        let chunk_tokens = SPLIT_MIN_CHUNK_BYTES.div_ceil(token_bytes);
-        let split_min_tokens = (num_splits as u64 * chunk_tokens).min(u32::MAX as u64) as u32;
-        Some(Self { num_splits, split_min_tokens, heads_along_x: true, ..self })
     }
 
     /// CTAs per chunk: one per KV head and head block.
@@ -663,15 +608,8 @@ impl DecodeConfig {
         if !(1..=MAX_SPLITS).contains(&num_splits) {
             return Err(Error::Unsupported(format!("num_splits {num_splits} is outside 1..={MAX_SPLITS}")));
         }
-        Self {
-            num_splits,
-            spare_chunks: 0,
-            balance_chunks: 0,
-            heads_along_x: true,
-            split_min_tokens: 0,
-            ..self
-        }
-        .within_grid(desc, "batch_size × num_splits")
+        Self { num_splits, spare_chunks: 0, balance_chunks: 0, heads_along_x: true, ..self }
+            .within_grid(desc, "batch_size × num_splits")
     }
 
     /// Whether the split kernels' chunks fit along grid y.
@@ -793,18 +731,16 @@ impl DecodeConfig {
         }
     }
 
-    /// Most attended tokens a request keeps whole on a split launch, and a page table may hold
-    /// for `run` to skip the split kernels even when the configuration splits: a request of
-    /// that many tokens fills at most [`UNSPLIT_MAX_TILES`] pipeline tiles of the tensor-core
-    /// kernel (`min_chunk` tokens each, 16-bit and 8-bit caches alike), and a split's partition
-    /// and merge would cost it more than they save; or it is shorter than
-    /// [`Self::split_min_tokens`]. 0 for the f32 kernel.
+    /// Most attended tokens a page table may hold for `run` to skip the split kernels even when
+    /// the configuration splits: a request of that many tokens fills at most
+    /// [`UNSPLIT_MAX_TILES`] pipeline tiles of the tensor-core kernel (`min_chunk` tokens each,
+    /// 16-bit and 8-bit caches alike), and a split's partition and merge would cost it more
+    /// than they save. 0 for the f32 kernel.
     pub fn unsplit_max_tokens(&self) -> u64 {
-        let by_tiles = match self.kernel {
+        match self.kernel {
             DecodeKernel::Mma => self.min_chunk as u64 * UNSPLIT_MAX_TILES,
             DecodeKernel::Simt => 0,
-        };
-        by_tiles.max((self.split_min_tokens as u64).saturating_sub(1))
+        }
     }
 
     /// Whether requests may be split (the split kernel, a workspace and a merge).
