@@ -532,7 +532,13 @@ pub unsafe fn decode_mma<
     } else {
         Some(unsafe { whole_request(p, item) })
     };
-    let Some(mut chunk) = chunk else { return };
+    let Some(mut chunk) = chunk else {
+        // No chunk: leave at the wait, not before it. A CTA that ends while the previous kernel
+        // still runs frees its slot to the next launch's CTAs then, which take the slots the
+        // previous kernel leaves free and so crowd its SMs unevenly.
+        grid_dependency_wait();
+        return;
+    };
     let request = chunk.request;
 
     // The K/V pipeline. Its page-lookup steps stay closures here: the shipped PTX depends on
