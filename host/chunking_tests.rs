@@ -242,7 +242,7 @@ proptest! {
         balance in prop_oneof![Just(0u32), 1u32..600],
         tile in prop::sample::select(vec![32u32, 64, 128]),
         capacity_slack in prop_oneof![Just(0u64), 0u64..100, 0u64..1_000_000],
-        // Kept whole: none, two tiles (the default rule), or up to a filling split's length.
+        // Requests kept whole: none, up to two tiles (the rule), or up to any longer bound.
         unsplit_tiles in prop_oneof![Just(0u32), Just(2u32), 0u32..100],
     ) {
         let batch = lens.len() as u32;
