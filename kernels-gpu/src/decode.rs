@@ -60,8 +60,9 @@
 //!   L2 only, issue the first copies from it right after the wait, and confirm it by reading it
 //!   again; a changed lookup restarts the first tiles from the confirmed values. Q, K/V and
 //!   every write come after the wait either way. The dependents' launch is allowed right after
-//!   the wait. A CTA that finds no chunk also ends only after the wait, so that its slot is not
-//!   taken by the next launch while this kernel's CTAs still run.
+//!   the wait. A tensor-core CTA that finds no chunk also ends only after the wait, so that its
+//!   slot is not taken by the next launch while this kernel's CTAs still run (the CUDA-core
+//!   kernel's still ends at once; not measured there).
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
