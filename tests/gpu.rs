@@ -283,7 +283,8 @@ fn decode_edge_cases() {
         ),
         (
             // Requests of 65–128 tokens in 64-token chunks, kept whole (one chunk longer than
-            // the chunk size) next to a split one; batch ≤ 32 (split) and 48 (scheduled).
+            // the chunk size) next to a split one; batch ≤ 32 (split) and 48 (lean for the 16-bit
+            // caches, scheduled for f32).
             "two-tile requests kept whole",
             ProblemSpec {
                 lens: vec![65, 128, 100, 1000, 1, 127],
@@ -291,7 +292,7 @@ fn decode_edge_cases() {
             },
         ),
         (
-            "two-tile requests kept whole, scheduled",
+            "two-tile requests kept whole, 48 requests",
             ProblemSpec {
                 lens: (0..48).map(|i| [65, 128, 100, 300, 1, 127, 90, 0][i % 8]).collect(),
                 ..ProblemSpec::uniform(48, 0, 32, 8, 128, 16)
@@ -314,11 +315,20 @@ fn decode_edge_cases() {
             },
         ),
         (
-            // 48 requests × 4 KV heads (group 7, 64-token pages): 0.73 wave, scheduled.
-            "ragged lengths within a wave, scheduled",
+            // 48 requests × 4 KV heads (group 7, 64-token pages): 0.73 wave, spare chunks, every
+            // CTA's partition over two page-table entries per lane.
+            "ragged lengths within a wave, 48 requests",
             ProblemSpec {
                 lens: (0..48).map(|i| [1500, 1792, 4000, 3, 1791, 2600][i % 6]).collect(),
                 ..ProblemSpec::uniform(48, 0, 28, 4, 128, 64)
+            },
+        ),
+        (
+            // The same lengths over 80 requests: the schedule kernel's partition.
+            "ragged lengths, 80 requests, scheduled",
+            ProblemSpec {
+                lens: (0..80).map(|i| [1500, 1792, 4000, 3, 1791, 2600][i % 6]).collect(),
+                ..ProblemSpec::uniform(80, 0, 28, 4, 128, 64)
             },
         ),
         (

@@ -374,9 +374,14 @@ fn decode_variant_edge_cases() {
         ("one long request (split)", spec(vec![9000], 32, 8, 128, 16), PlanPreference::default()),
         ("batch 8 of 4k (split)", spec(vec![4096; 8], 32, 8, 128, 16), PlanPreference::default()),
         (
-            "batch 40, ragged (scheduled)",
+            "batch 40, ragged (split, every CTA's partition)",
             spec((0..40).map(|i| (i * 397) % 3000).collect(), 16, 4, 64, 16),
             PlanPreference { spare_chunks: Some(40), ..PlanPreference::default() },
+        ),
+        (
+            "batch 72, ragged (scheduled)",
+            spec((0..72).map(|i| (i * 397) % 3000).collect(), 16, 4, 64, 16),
+            PlanPreference { spare_chunks: Some(72), ..PlanPreference::default() },
         ),
         (
             "batch 600, short (lean)",

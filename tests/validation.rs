@@ -1166,6 +1166,19 @@ fn path_by_rule() {
     assert_eq!(path(264, 32, 8, 128, 264 * 256), "lean-scheduled");
     assert_eq!(path(1024, 32, 8, 128, 1024 * 256), "lean-scheduled");
     assert_eq!(path(1024, 32, 8, 128, 1024 * 272), "scheduled");
+    // Past 32 requests: every CTA derives a spare-chunk partition up to 64 requests (48 × 1500
+    // tokens of 28/4 heads: one split, 47 spare chunks); fixed splits (40 × 1k of 32/8 heads:
+    // three per request) and larger batches read the schedule kernel's.
+    let split_of = |b: i32, hq: i32, hkv: i32, len: usize| {
+        let desc = decode_desc(ElementKind::F16, b, hq, hkv, 128);
+        let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        (cfg.num_splits, cfg.path(&desc, b as usize * len.div_ceil(16), Some(LEAN_MAX_AVG_TOKENS)).name())
+    };
+    assert_eq!(split_of(48, 28, 4, 1500), (1, "split"));
+    assert_eq!(split_of(64, 32, 8, 512), (1, "split"));
+    assert_eq!(split_of(40, 32, 8, 1024), (3, "scheduled"));
+    assert_eq!(split_of(96, 32, 4, 1024), (2, "scheduled"));
+    assert_eq!(split_of(128, 32, 8, 1024), (1, "scheduled"));
 }
 
 /// The lean kernel over the scheduled partition: from four lean waves of unstacked CTAs, with

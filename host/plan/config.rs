@@ -50,6 +50,14 @@ pub const UNSPLIT_MAX_TILES: u64 = 2;
 /// of the batch's tokens, so equal lengths stay whole, and a long request's chunks take at most
 /// about a quarter of the launch.
 pub const LEAN_SPLIT_WAVES: u32 = 4;
+/// Largest batch whose spare-chunk partition every CTA of the split kernel derives itself rather
+/// than the schedule kernel once ([`DecodeConfig::partitions_in_every_cta`]). A spare-chunk
+/// partition is balanced over a wave's chunks, so its chunk-size search takes few passes; at up
+/// to 64 requests (two page-table entries per lane) those cost a CTA less than the schedule
+/// kernel's launch and the wait for it cost the launch: 3–15 % on 33–64 requests of 2–4 KV heads,
+/// within ±0.5 % elsewhere (run 207). Fixed splits search longer, and again in every wave of
+/// their larger grids: 3–7 % slower, so they keep the schedule kernel.
+pub const PER_CTA_PARTITION_MAX_BATCH: i32 = 64;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
 /// Shared memory the driver reserves per resident CTA (sm_80 and sm_90).
@@ -145,7 +153,7 @@ pub enum DecodePath {
     /// The split kernel, each CTA deriving the length-aware partition from the page table.
     Split,
     /// The schedule kernel computes the partition once, then the split kernel runs
-    /// ([`DecodeConfig::is_scheduled`]).
+    /// ([`DecodeConfig::partitions_in_every_cta`]).
     Scheduled,
     /// Short requests over many lean waves: the schedule kernel computes a partition that cuts
     /// only requests much longer than the average ([`DecodeConfig::lean_spare_chunks`]), then
@@ -699,7 +707,8 @@ impl DecodeConfig {
     ///   to take two chunks, or it holds so few tokens that no request is worth splitting
     ///   ([`Self::unsplit_max_tokens`]): the same work without the partition, the workspace or
     ///   the merge;
-    /// - scheduled or split otherwise ([`Self::is_scheduled`]).
+    /// - split when every CTA derives the partition ([`Self::partitions_in_every_cta`]), scheduled
+    ///   otherwise.
     pub fn path(
         &self,
         desc: &BatchPagedDecodeDescriptor,
@@ -724,11 +733,19 @@ impl DecodeConfig {
             || tokens <= self.unsplit_max_tokens()
         {
             DecodePath::Whole
-        } else if self.is_scheduled(desc) {
-            DecodePath::Scheduled
-        } else {
+        } else if self.partitions_in_every_cta(desc) {
             DecodePath::Split
+        } else {
+            DecodePath::Scheduled
         }
+    }
+
+    /// Whether the split kernel's CTAs derive the partition themselves ([`DecodePath::Split`])
+    /// rather than read the schedule kernel's ([`DecodePath::Scheduled`]): batches of up to
+    /// `PARTITION_CACHED_BATCH` (32) requests, and spare-chunk partitions (no fixed splits) of
+    /// up to [`PER_CTA_PARTITION_MAX_BATCH`] requests.
+    pub fn partitions_in_every_cta(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
+        !self.is_scheduled(desc) || (self.num_splits == 1 && desc.batch_size <= PER_CTA_PARTITION_MAX_BATCH)
     }
 
     /// Most attended tokens a page table may hold for `run` to skip the split kernels even when
@@ -748,9 +765,10 @@ impl DecodeConfig {
         self.num_splits > 1 || self.spare_chunks > 0
     }
 
-    /// Whether the split partition is computed once per launch by the schedule kernel (batches
-    /// of more than `PARTITION_CACHED_BATCH` (32) requests, whose page table every CTA
-    /// would otherwise read whole) rather than by every CTA.
+    /// Whether the split partition may be computed once per launch by the schedule kernel
+    /// (batches of more than `PARTITION_CACHED_BATCH` (32) requests, whose page table every CTA
+    /// would otherwise read whole): the plan loads the schedule kernel and the workspace holds
+    /// its chunk map. [`Self::path`] says which launches use it.
     pub fn is_scheduled(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
         self.is_split() && desc.batch_size > params::PARTITION_CACHED_BATCH as i32
     }
