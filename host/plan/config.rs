@@ -744,7 +744,7 @@ impl DecodeConfig {
     /// Whether the split kernel's CTAs derive the partition themselves ([`DecodePath::Split`])
     /// rather than read the schedule kernel's ([`DecodePath::Scheduled`]): batches of up to
     /// `PARTITION_CACHED_BATCH` (32) requests, and spare-chunk partitions (no fixed splits) of
-    /// up to [`PER_CTA_PARTITION_MAX_BATCH`] requests.
+    /// up to `PER_CTA_PARTITION_MAX_BATCH` (64) requests.
     pub fn partitions_in_every_cta(&self, desc: &BatchPagedDecodeDescriptor) -> bool {
         !self.is_scheduled(desc) || (self.num_splits == 1 && desc.batch_size <= PER_CTA_PARTITION_MAX_BATCH)
     }
