@@ -55,7 +55,7 @@ pub const LEAN_SPLIT_WAVES: u32 = 4;
 /// partition is balanced over a wave's chunks, so its chunk-size search takes few passes; at up
 /// to 64 requests (two page-table entries per lane) those cost a CTA less than the schedule
 /// kernel's launch and the wait for it cost the launch: 1–16 % faster on 33–64 requests in the
-/// default launch, 0.5–4 % with the promise, the other rows within ±0.5 % (runs 207–208). Fixed
+/// default launch, 0–4 % with the promise, the other rows within ±0.5 % (runs 207–208). Fixed
 /// splits search longer, and again in every wave of their larger grids: 3–7 % slower, so they
 /// keep the schedule kernel.
 pub const PER_CTA_PARTITION_MAX_BATCH: i32 = 64;
