@@ -52,12 +52,13 @@ pub const UNSPLIT_MAX_TILES: u64 = 2;
 pub const LEAN_SPLIT_WAVES: u32 = 4;
 /// Largest batch whose spare-chunk partition every CTA of the split kernel derives itself rather
 /// than the schedule kernel once ([`DecodeConfig::partitions_in_every_cta`]). A spare-chunk
-/// partition is balanced over a wave's chunks, so its chunk-size search takes few passes; at up
-/// to 64 requests (two page-table entries per lane) those cost a CTA less than the schedule
-/// kernel's launch and the wait for it cost the launch: 1–16 % faster on 33–64 requests in the
-/// default launch, 0–4 % with the promise, the other rows within ±0.5 % (runs 207–208). Fixed
-/// splits search longer, and again in every wave of their larger grids: 3–7 % slower, so they
-/// keep the schedule kernel.
+/// partition is balanced over a wave's chunks: equal lengths stay whole after one pass over the
+/// page table, ragged ones take a short search. At up to 64 requests (two page-table entries per
+/// lane) that costs a CTA less than the schedule kernel's launch and the wait for it cost the
+/// launch: 1–16 % faster on 33–64 requests in the default launch, 0–4 % with the promise, the
+/// other rows within ±0.5 % (runs 207–208). Fixed splits cut every request, so every CTA takes
+/// all the partition's passes, and again in every wave of their larger grids: 3–7 % slower, so
+/// they keep the schedule kernel.
 pub const PER_CTA_PARTITION_MAX_BATCH: i32 = 64;
 /// Registers of one SM (sm_80 and sm_90).
 const REGISTERS_PER_SM: u32 = 65536;
