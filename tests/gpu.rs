@@ -248,6 +248,10 @@ fn with_lens(lens: Vec<usize>, hq: usize, hkv: usize, d: usize, page: usize) -> 
 #[test]
 fn decode_edge_cases() {
     let Some(dev) = device("decode_edge_cases") else { return };
+    // Requests of 3–4000 tokens over 4 KV heads (group 7, 64-token pages).
+    let ragged_over_4_kv_heads = |n: usize| {
+        with_lens((0..n).map(|i| [1500, 1792, 4000, 3, 1791, 2600][i % 6]).collect(), 28, 4, 128, 64)
+    };
     let cases = vec![
         ("all empty", ProblemSpec { lens: vec![0, 0, 0], ..ProblemSpec::uniform(3, 0, 8, 2, 128, 16) }),
         ("single tokens", ProblemSpec { lens: vec![1, 1], ..ProblemSpec::uniform(2, 0, 32, 8, 128, 16) }),
@@ -309,35 +313,26 @@ fn decode_edge_cases() {
         (
             // 0.73 wave of requests of 0–3584 tokens: spare chunks.
             "ragged lengths within a wave",
-            ProblemSpec {
-                lens: (0..24).map(|i| [1791, 1792, 1793, 0, 447, 448, 2047, 3584][i % 8]).collect(),
-                ..ProblemSpec::uniform(24, 0, 32, 8, 128, 16)
-            },
+            with_lens(
+                (0..24).map(|i| [1791, 1792, 1793, 0, 447, 448, 2047, 3584][i % 8]).collect(),
+                32,
+                8,
+                128,
+                16,
+            ),
         ),
         (
             // 48 requests × 4 KV heads (group 7, 64-token pages): 0.73 wave, spare chunks, every
             // CTA's partition over two page-table entries per lane.
             "ragged lengths within a wave, 48 requests",
-            ProblemSpec {
-                lens: (0..48).map(|i| [1500, 1792, 4000, 3, 1791, 2600][i % 6]).collect(),
-                ..ProblemSpec::uniform(48, 0, 28, 4, 128, 64)
-            },
+            ragged_over_4_kv_heads(48),
         ),
-        (
-            // The same lengths over 80 requests: the schedule kernel's partition.
-            "ragged lengths, 80 requests, scheduled",
-            ProblemSpec {
-                lens: (0..80).map(|i| [1500, 1792, 4000, 3, 1791, 2600][i % 6]).collect(),
-                ..ProblemSpec::uniform(80, 0, 28, 4, 128, 64)
-            },
-        ),
+        // The same lengths over 80 requests: the schedule kernel's partition.
+        ("ragged lengths, 80 requests, scheduled", ragged_over_4_kv_heads(80)),
         (
             // head_dim 256, 20 requests × 8 KV heads.
             "ragged lengths within a wave, d 256",
-            ProblemSpec {
-                lens: (0..20).map(|i| [671, 672, 3000, 5, 1100][i % 5]).collect(),
-                ..ProblemSpec::uniform(20, 0, 32, 8, 256, 16)
-            },
+            with_lens((0..20).map(|i| [671, 672, 3000, 5, 1100][i % 5]).collect(), 32, 8, 256, 16),
         ),
         (
             "batch 16384",
