@@ -141,6 +141,8 @@ pub mod reference;
 pub mod tensor;
 pub mod types;
 
+#[cfg(test)]
+mod check_tests;
 #[path = "../kernels-gpu/src/params.rs"]
 #[allow(dead_code)]
 pub(crate) mod params;

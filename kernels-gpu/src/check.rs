@@ -5,7 +5,7 @@
 //! that would write the same slot.
 
 use crate::intrinsics::*;
-use crate::params::{PageTableCheckParams, check_code};
+use crate::params::{PageTableCheckParams, check_code, check_lane_slots};
 
 /// # Safety
 /// `p` is a [`PageTableCheckParams`] block: `indptr` of `batch + 1` and `last_page_len` of
@@ -49,12 +49,11 @@ pub unsafe fn check_page_table(p: &PageTableCheckParams) {
             report(check_code::LAST_PAGE_EMPTY);
         }
     }
-    let mut i = start + lane as i32;
+    // `0 ≤ start ≤ stop ≤ num_indices`: every slot read is inside `indices`.
     let mut bad = false;
-    while i < stop {
+    for i in check_lane_slots(start as u32, stop as u32, lane) {
         let page = unsafe { ld_nc_i32((p.indices as *const i32).add(i as usize)) };
         bad |= page < 0 || page as u32 >= p.num_total_pages;
-        i += 32;
     }
     if bad {
         report(check_code::PAGE_OUT_OF_RANGE);

@@ -184,6 +184,14 @@ pub mod check_code {
     pub const LAST_PAGE_EMPTY: u32 = 6;
 }
 
+/// The slots of `indices[start..stop]` that lane `lane` of the page-table check's warp reads:
+/// `start + lane`, then every 32nd. In `u32`, so that with `0 ≤ start ≤ stop ≤ i32::MAX` no step
+/// wraps (a walk in `i32` wraps within 32 slots of `i32::MAX`, to a negative slot).
+#[inline(always)]
+pub fn check_lane_slots(start: u32, stop: u32, lane: u32) -> impl Iterator<Item = u32> {
+    (start.saturating_add(lane)..stop).step_by(32)
+}
+
 /// Threads per CTA of the decode kernels.
 pub const DECODE_THREADS: u32 = 128;
 /// The deepest pipeline of any [`MmaTiling`] (the 8-bit tilings' four stages).
