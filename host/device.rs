@@ -18,9 +18,12 @@ pub fn driver_available() -> bool {
 ///
 /// [`Device::open`] keeps cudarc's per-slice event tracking on: every use of a `CudaSlice` on a
 /// stream other than the one that last wrote it (or, for a write, last read it) waits for that
-/// use, and a slice is freed only after its last use. [`Device::open_untracked`] turns it off,
-/// which graph capture of [`run`](crate::BatchPagedDecodePlan::run) needs; see the
-/// [crate documentation](crate#safety-model).
+/// use, and a slice is freed only after its last recorded use. cudarc (0.19) keeps one read
+/// event per slice, so when two streams read a slice, a later write or drop waits only for the
+/// read recorded last: join such streams (`CudaStream::join`) before writing or dropping a
+/// slice that both read, e.g. a K/V store two decode streams share. [`Device::open_untracked`]
+/// turns the tracking off, which graph capture of [`run`](crate::BatchPagedDecodePlan::run)
+/// needs; see the [crate documentation](crate#safety-model).
 #[derive(Debug, Clone)]
 pub struct Device {
     /// The CUDA context of the GPU.
@@ -33,10 +36,11 @@ impl Device {
     /// Opens GPU `ordinal` with cudarc's cross-stream event tracking on;
     /// [`Error::NoDevice`] when no CUDA driver is installed.
     ///
-    /// Safe on any number of streams. Its slices cannot be captured into a CUDA graph: event
-    /// tracking makes the capturing stream wait on events recorded before the capture, which
-    /// invalidates it (`end_capture` then returns an error). Use [`Device::open_untracked`] to
-    /// capture.
+    /// Orders its slices across any number of streams, but for the one case cudarc's tracking
+    /// leaves to the caller: reads of one slice on two streams, then a write or drop (see
+    /// [`Device`]). Its slices cannot be captured into a CUDA graph: event tracking makes the
+    /// capturing stream wait on events recorded before the capture, which invalidates it
+    /// (`end_capture` then returns an error). Use [`Device::open_untracked`] to capture.
     pub fn open(ordinal: usize) -> Result<Self> {
         Self::open_with(ordinal, true)
     }

@@ -77,7 +77,10 @@
 //! enqueued because cudarc frees a `CudaSlice` on its own stream (stream-ordered), after
 //! everything enqueued there before the drop. Work on *other* streams is ordered by cudarc's
 //! event tracking, which [`Device::open`] keeps on: each use of a slice waits for the last
-//! conflicting use on another stream, and its drop waits for its last reads and writes. With
+//! conflicting use on another stream, and its drop waits for its last write and its last
+//! recorded read. cudarc (0.19) records one read event per slice, so when two streams read one
+//! slice (two decodes sharing a K/V store, say), a later write or drop on a third waits only
+//! for the read recorded last: the caller joins such streams (`CudaStream::join`) first. With
 //! [`Device::open_untracked`] (an `unsafe fn`) the caller takes over that ordering, as its
 //! `# Safety` section lists.
 //!

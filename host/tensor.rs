@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut, DeviceSlice};
+use cudarc::driver::{CudaContext, CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
 /// Shape and strides of a tensor plus the number of elements its storage holds.
 ///
@@ -185,22 +185,25 @@ impl<'a> Workspace<'a> {
         self.len() == 0
     }
 
-    /// Binds the workspace to a split state of `state_bytes` (the first splitting launch), or
-    /// checks that it is bound to that size.
-    pub(crate) fn bind_split_state(&mut self, state_bytes: usize) -> crate::Result<()> {
-        match self.split_state_bytes {
-            None => {
-                self.split_state_bytes = Some(state_bytes);
-                Ok(())
-            }
-            Some(bound) if bound == state_bytes => Ok(()),
-            Some(bound) => Err(crate::Error::WorkspaceInUse { bound, requested: state_bytes }),
+    /// The device address of the bytes for a splitting launch on `stream` (the guard records
+    /// that launch's use of them once it is enqueued), after checking that they start 16-byte
+    /// aligned and are bound to a split state of `state_bytes`: the first splitting launch binds
+    /// them; a refused launch leaves them as they were. `(0, None)` without bytes.
+    pub(crate) fn split_state_ptr<'s>(
+        &'s mut self,
+        stream: &'s CudaStream,
+        state_bytes: usize,
+    ) -> crate::Result<(u64, Option<SyncOnDrop<'s>>)> {
+        if let Some(bound) = self.split_state_bytes.filter(|&bound| bound != state_bytes) {
+            return Err(crate::Error::WorkspaceInUse { bound, requested: state_bytes });
         }
-    }
-
-    /// The bytes, mutably.
-    pub(crate) fn bytes_mut(&mut self) -> Option<&mut CudaViewMut<'a, u8>> {
-        self.bytes.as_mut()
+        let Some(bytes) = self.bytes.as_mut() else { return Ok((0, None)) };
+        let (base, guard) = bytes.device_ptr_mut(stream);
+        if !base.is_multiple_of(16) {
+            return Err(crate::Error::MisalignedOperand { operand: "workspace", required: 16 });
+        }
+        self.split_state_bytes = Some(state_bytes);
+        Ok((base, Some(guard)))
     }
 
     /// The CUDA context the workspace was allocated in (`None` without a workspace).

@@ -339,7 +339,8 @@ pub struct PlanPreference {
     /// Spare chunks of the lean kernel's scheduled partition (a long request among many short
     /// ones cut into chunks of about `total tokens / spare` tokens) instead of the plan's rule
     /// ([`crate::plan::DecodeConfig::lean_spare_chunks`]); `Some(0)` keeps every request whole on
-    /// the lean kernel. For tuning.
+    /// the lean kernel. For tuning; ignored over an 8-bit cache and by the portable build, which
+    /// have no lean split kernel.
     pub lean_spare_chunks: Option<u32>,
     /// Programmatic launches without [`Self::stable_page_table`]: whole-request launches of at
     /// most this many CTAs take the entries that guess their page lookup before the wait

@@ -107,8 +107,8 @@ impl BatchPagedDecodeArgsLayout {
 
 /// The configuration [`BatchPagedDecodePlan::select`] takes: the rule's
 /// ([`DecodeConfig::choose_residency`]) with the preference's split and spare-chunk overrides,
-/// within its workspace limit, and no lean split where the portable build loads (its entries
-/// are in the sm_90 build only).
+/// within its workspace limit, and no lean split over an 8-bit cache or where the portable build
+/// loads (its entries are for 16-bit caches, in the sm_90 build only).
 fn configure(
     desc: &BatchPagedDecodeDescriptor,
     props: &DeviceProps,
@@ -125,8 +125,9 @@ fn configure(
     if let Some(n) = pref.lean_spare_chunks {
         config = config.with_lean_spare_chunks(desc, n)?;
     }
-    if ptx::build_for_preference(props.compute_capability, pref.allow_sm90a) != ArchSku::Sm90 {
-        // The lean split entries are in the sm_90 build only.
+    let sm90 = ptx::build_for_preference(props.compute_capability, pref.allow_sm90a) == ArchSku::Sm90;
+    if !sm90 || desc.paged_kv.element.fp8_layout().is_some() {
+        // The lean split entries are for 16-bit caches, in the sm_90 build only.
         config = config.with_lean_spare_chunks(desc, 0)?;
     }
     if config.workspace_size(desc) > pref.max_workspace_bytes {
@@ -713,17 +714,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         let stack_shift = self.stack_shift(path, num_indices as usize);
         let split = path.splits();
         let layout = self.config.workspace_layout(&self.desc);
-        if split {
-            workspace.bind_split_state(layout.state_bytes)?;
-        }
-        let (ws_base, _w) = match workspace.bytes_mut() {
-            Some(ws) if split => {
-                let (base, guard) = ws.device_ptr_mut(stream);
-                aligned("workspace", base, 16)?;
-                (base, Some(guard))
-            }
-            _ => (0, None),
-        };
+        let (ws_base, _w) =
+            if split { workspace.split_state_ptr(stream, layout.state_bytes)? } else { (0, None) };
         let at = |offset: usize| if split { ws_base + offset as u64 } else { 0 };
         let scheduled = matches!(path, DecodePath::Scheduled | DecodePath::LeanScheduled);
         let partition = self.config.partition(&self.desc, path);
@@ -1006,6 +998,7 @@ mod tests {
             PlanPreference { lean_max_avg_tokens: Some(0), ..PlanPreference::default() },
             PlanPreference { num_splits: Some(4), ..PlanPreference::default() },
             PlanPreference { spare_chunks: Some(8), ..PlanPreference::default() },
+            PlanPreference { lean_spare_chunks: Some(64), ..PlanPreference::default() },
         ];
         let mut loaded = BTreeSet::new();
         for props in DEVICES {
