@@ -152,8 +152,8 @@ impl AttentionVariant<'_> {
         }
         if let Some(sinks) = self.sinks {
             check_len("sinks", sinks.len(), qo_heads, "[num_qo_heads]")?;
-            if let Some(h) = sinks.iter().position(|s| s.is_nan()) {
-                return Err(invalid(format!("sinks[{h}] is NaN")));
+            if let Some(h) = sinks.iter().position(|&s| !(s.is_finite() || s == f32::NEG_INFINITY)) {
+                return Err(invalid(format!("sinks[{h}] = {} must be finite or -inf", sinks[h])));
             }
         }
         Ok(())

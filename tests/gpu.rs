@@ -1442,7 +1442,7 @@ fn fp8_decode_random_sweep() {
 
 /// Quantizing appends (f16 / bf16 tokens into E4M3 / E5M2 stores) write the reference's codes bit
 /// for bit, saturating out-of-range values and keeping NaN, and touch nothing else; appending
-/// codes to a store of codes copies them; a decode over the appended store matches the reference.
+/// codes to a store of codes copies them.
 #[test]
 fn fp8_append_quantizes_bit_exactly() {
     let test = "fp8_append_quantizes_bit_exactly";

@@ -362,6 +362,12 @@ fn decode_rejects_inconsistent_input() {
     ] {
         problem(run(&BatchPagedDecodeDescriptor { paged_kv: bad, ..c.desc }));
     }
+    // Sinks are finite or -inf (no sink); NaN and +inf are refused.
+    for bad in [f32::NAN, f32::INFINITY] {
+        let sinks = [0.5, bad, -1.0, f32::NEG_INFINITY];
+        let variant = AttentionVariant { logits_soft_cap: None, window_left: None, sinks: Some(&sinks) };
+        problem(decode_variant(&c.desc, variant, &c.q, &c.k, &c.v, c.table()));
+    }
     let bad_page = [c.indices[0], 1000, c.indices[2], c.indices[3], c.indices[4]];
     let r = decode(&c.desc, &c.q, &c.k, &c.v, PageTable { indices: &bad_page, ..c.table() });
     assert!(matches!(r, Err(Error::InvalidPageTable(ref m)) if m.contains("indices[1] = 1000")), "{r:?}");

@@ -62,15 +62,24 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// The problem sizes of this row (per-request lengths from `lens`, else `kv_len`, else 0).
-    pub fn spec(&self) -> ProblemSpec {
+    /// The problem sizes of this row (per-request lengths from `lens`, else `kv_len`, else 0);
+    /// [`Error::InvalidProblem`] for a batch past `i32` or a `batch` that contradicts `lens`.
+    pub fn spec(&self) -> Result<ProblemSpec> {
         let batch = self.batch();
+        if let (Some(b), Some(lens)) = (self.batch, &self.lens)
+            && b != lens.len()
+        {
+            return Err(Error::InvalidProblem(format!("{}: batch {b} but {} lens", self.name, lens.len())));
+        }
+        if i32::try_from(batch).is_err() {
+            return Err(Error::InvalidProblem(format!("{}: batch {batch} does not fit in i32", self.name)));
+        }
         let lens = match (&self.lens, self.kv_len) {
             (Some(l), _) => l.clone(),
             (None, Some(n)) => vec![n; batch],
             (None, None) => vec![0; batch],
         };
-        ProblemSpec { lens, ..ProblemSpec::uniform(batch, 0, self.hq, self.hkv, self.d, self.page) }
+        Ok(ProblemSpec { lens, ..ProblemSpec::uniform(batch, 0, self.hq, self.hkv, self.d, self.page) })
     }
 
     /// The attention variant of this row.
@@ -263,7 +272,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     pref: PlanPreference,
     indices_slack: usize,
 ) -> Result<BenchRow> {
-    let spec = ProblemSpec { indices_slack, ..shape.spec() };
+    let spec = ProblemSpec { indices_slack, ..shape.spec()? };
     let host = HostProblem::<T, C>::random(&spec)?;
     let (variant, layout) = (shape.variant(), shape.kv_layout()?);
     let plan = BatchPagedDecodePlan::<T, C>::select_variant(&device.stream, &host.desc, &variant, pref)?;
@@ -439,6 +448,9 @@ pub fn plot(
     let root = SVGBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE)?;
     let top = (ceiling.max(rows.iter().map(|r| r.tb_s).fold(0.0, f64::max)) * 1.1).max(0.1);
+    if !top.is_finite() {
+        return Err(format!("cannot plot bandwidths up to {top} TB/s").into());
+    }
     let mut chart = ChartBuilder::on(&root)
         .caption("paged decode: K/V read bandwidth per shape", ("sans-serif", 22))
         .margin(12)
@@ -504,6 +516,35 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Shapes past what the kernels address are refused before anything is allocated: a batch
+    /// past `i32`, a `batch` that contradicts `lens`, a store of more than 2^32 - 1 rows.
+    #[test]
+    fn oversized_shapes_are_refused_before_allocation() {
+        let shape =
+            |batch: Option<usize>, kv_len: Option<usize>, lens: Option<Vec<usize>>, page: usize| Shape {
+                name: "big".into(),
+                batch,
+                kv_len,
+                lens,
+                hq: 32,
+                hkv: 8,
+                d: 128,
+                page,
+                dtype: "f16".into(),
+                kv_dtype: None,
+                layout: None,
+                soft_cap: None,
+                window_left: None,
+            };
+        let invalid = |r: Result<ProblemSpec>| matches!(r, Err(Error::InvalidProblem(_)));
+        assert!(invalid(shape(Some(1 << 61), Some(64), None, 16).spec()));
+        assert!(invalid(shape(Some(3), None, Some(vec![1, 2]), 16).spec()));
+        let huge = shape(None, None, Some(vec![2_000_000_000]), 1).spec().unwrap();
+        assert!(matches!(HostProblem::<half::f16>::random(&huge), Err(Error::InvalidProblem(_))));
+        let fits = shape(None, None, Some(vec![5, 0, 17]), 16).spec().unwrap();
+        assert!(HostProblem::<half::f16>::random(&fits).is_ok());
+    }
+
     /// The plot and re-plot take any rows and ceiling without panicking.
     #[test]
     fn plotting_never_panics() {
@@ -511,7 +552,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("paged-decode-no-panic-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let svg = dir.join("plot.svg");
-        let values = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0, 1e300, 4.5];
+        let values = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 0.0, 1e300, f64::MAX, 4.5];
         for &ceiling in &values {
             let _ = plot(&svg, &[], ceiling);
             for &tb_s in &values {
@@ -544,7 +585,11 @@ mod tests {
             let shape = Shape {
                 name: "s".into(), batch, kv_len, lens, hq, hkv, d, page, dtype: "f16".into(), kv_dtype: None, layout, soft_cap, window_left,
             };
-            let spec = shape.spec();
+            let Ok(spec) = shape.spec() else {
+                let contradicts = matches!((batch, &shape.lens), (Some(b), Some(l)) if b != l.len());
+                prop_assert!(contradicts || i32::try_from(shape.batch()).is_err());
+                return Ok(());
+            };
             prop_assert_eq!(spec.batch(), shape.lens.as_ref().map_or(batch.unwrap_or(0), |l| l.len()));
             let _ = spec.kv_bytes(paged_decode::ElementKind::BF16);
             let variant = shape.variant();

@@ -181,9 +181,10 @@ impl ProblemSpec {
     }
 
     /// Checks that the sizes describe a problem the descriptors can express: positive heads,
-    /// head_dim and page size, every extent and page count within `i32`, and buffers that fit
-    /// in `isize::MAX` bytes of `element`.
-    fn check(&self, element: ElementKind) -> Result<()> {
+    /// head_dim and page size, every extent and page count within `i32`, q in `isize::MAX` bytes
+    /// of `element`, and a K/V store of `cache` elements that the kernels address (at most
+    /// 2^32 - 1 rows and 2^32 16-byte units), before anything is allocated.
+    fn check(&self, element: ElementKind, cache: ElementKind) -> Result<()> {
         let fits_i32 = |name: &str, v: usize| -> Result<i32> {
             i32::try_from(v).map_err(|_| invalid(format!("{name} = {v} does not fit in i32")))
         };
@@ -201,15 +202,21 @@ impl ProblemSpec {
         let pages = self.lens.iter().fold(0usize, |acc, &l| acc.saturating_add(l.div_ceil(self.page_size)));
         fits_i32("total pages", pages.saturating_add(self.spare_pages))?;
         fits_i32("indices", pages.saturating_add(self.indices_slack))?;
-        let limit = isize::MAX as usize / element.size_bytes();
-        let store =
-            [pages.saturating_add(self.spare_pages).max(1), self.num_kv_heads, self.page_size, self.head_dim];
-        for (name, dims) in
-            [("q", &[self.batch(), self.num_qo_heads, self.head_dim][..]), ("k_data", &store[..])]
-        {
-            if dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > limit) {
-                return Err(invalid(format!("{name} of {dims:?} elements does not fit in memory")));
-            }
+        let q = [self.batch(), self.num_qo_heads, self.head_dim];
+        let q_limit = isize::MAX as usize / element.size_bytes();
+        if q.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > q_limit) {
+            return Err(invalid(format!("q of {q:?} elements does not fit in memory")));
+        }
+        let rows = [pages.saturating_add(self.spare_pages).max(1), self.num_kv_heads, self.page_size]
+            .iter()
+            .fold(1u128, |acc, &d| acc.saturating_mul(d as u128));
+        let units = rows.saturating_mul((self.head_dim * cache.size_bytes()) as u128) / 16;
+        if rows > u32::MAX as u128 || units > u32::MAX as u128 {
+            return Err(invalid(format!(
+                "a K/V store of {rows} rows of {} bytes: the kernels address at most 2^32 - 1 rows \
+                 and 64 GiB per store",
+                self.head_dim * cache.size_bytes()
+            )));
         }
         Ok(())
     }
@@ -295,7 +302,7 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
     /// [`Error::InvalidProblem`] for sizes no descriptor can express (a zero head count,
     /// head_dim or page size, extents beyond `i32`, buffers beyond `isize::MAX` bytes).
     pub fn random(spec: &ProblemSpec) -> Result<Self> {
-        spec.check(T::KIND)?;
+        spec.check(T::KIND, C::CACHE_KIND)?;
         let fp8 = C::CACHE_KIND.fp8_layout().is_some();
         let scales = if fp8 { FP8_PROBLEM_SCALES } else { KvScales::ONE };
         let mut rng = Rng::new(spec.seed);

@@ -32,7 +32,8 @@ struct Point {
 fn grid(shapes: &[Shape], ours: &[BenchRow], anchor: &[AnchorRow]) -> BTreeMap<(usize, usize), Point> {
     let mut points = BTreeMap::new();
     for s in shapes {
-        let Some(len) = s.kv_len else { continue };
+        // A point needs a length and at least one request (µs per request).
+        let Some(len) = s.kv_len.filter(|_| s.batch() > 0) else { continue };
         let mut p = Point::default();
         if let Some(r) = ours.iter().find(|r| r.name == s.name) {
             p.ours_us = Some(r.us);
@@ -102,9 +103,13 @@ fn draw(points: &BTreeMap<(usize, usize), Point>, out: &Path, ceiling: f64) -> A
         .collect();
     let lo = per_request.iter().copied().fold(f64::INFINITY, f64::min).max(1e-4) / 1.5;
     let hi = per_request.iter().copied().fold(0.0, f64::max).max(lo * 10.0) * 1.5;
+    let top = ceiling.max(1.0) * 1.1;
+    if let Some(bad) = [lo, hi, top].into_iter().find(|v| !v.is_finite()) {
+        return Err(format!("cannot plot an axis bound of {bad} (µs per request or TB/s)").into());
+    }
     let series = |len: usize, pick: fn(&Point) -> Option<f64>, per_req: bool| -> Vec<(f64, f64)> {
         points
-            .range((len, 0)..(len + 1, 0))
+            .range((len, 0)..=(len, usize::MAX))
             .filter_map(|(&(_, b), p)| pick(p).map(|v| (b as f64, if per_req { v / b as f64 } else { v })))
             .collect()
     };
@@ -128,7 +133,6 @@ fn draw(points: &BTreeMap<(usize, usize), Point>, out: &Path, ceiling: f64) -> A
     }
     chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
 
-    let top = ceiling.max(1.0) * 1.1;
     let mut chart = ChartBuilder::on(&right)
         .caption("TB/s against the read ceiling", ("sans-serif", 17))
         .margin(12)
@@ -189,5 +193,35 @@ mod tests {
         assert_eq!(g.len(), 3);
         assert_eq!(g[&(64, 16)].anchor_us, Some(6.0));
         assert_eq!(g[&(256, 16)].anchor_us, None);
+    }
+
+    /// Rows without requests, lengths at `usize::MAX`, times or ceilings whose axes would be
+    /// infinite: an error or a plot, never a panic or an endless draw.
+    #[test]
+    fn sweep_plot_takes_malformed_rows() {
+        let dir = std::env::temp_dir().join(format!("paged-decode-sweep-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (shapes, ours, svg) = (dir.join("shapes.json"), dir.join("ours.json"), dir.join("sweep.svg"));
+        let shape = |name: &str, batch: Option<usize>, len: usize| {
+            serde_json::json!({"name": name, "batch": batch, "kv_len": len, "hq": 32, "hkv": 8, "d": 128,
+                               "page": 16, "dtype": "f16"})
+        };
+        let ours_row = |name: &str, us: f64| {
+            serde_json::json!({"name": name, "us": us, "tb_s": 2.0, "pct_of_ceiling": 50.0, "num_splits": 1,
+                               "num_chunks": 1})
+        };
+        let cases = [
+            (shape("none", None, 64), ours_row("none", 3.0), None),
+            (shape("zero", Some(0), 64), ours_row("zero", 3.0), None),
+            (shape("long", Some(4), usize::MAX), ours_row("long", 3.0), None),
+            (shape("slow", Some(4), 64), ours_row("slow", f64::MAX), None),
+            (shape("inf", Some(4), 64), ours_row("inf", 3.0), Some(f64::INFINITY)),
+        ];
+        for (s, o, ceiling) in cases {
+            std::fs::write(&shapes, serde_json::json!([s]).to_string()).unwrap();
+            std::fs::write(&ours, serde_json::json!([o]).to_string()).unwrap();
+            let _ = plot_sweep(&shapes, &ours, None, &svg, ceiling);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
