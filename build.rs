@@ -29,7 +29,7 @@ const PORTABLE: &str = "kernels.ptx";
 const SM90: &str = "kernels_sm90.ptx";
 const PORTABLE_ARCHS: [&str; 4] = ["sm_80", "sm_86", "sm_89", "sm_90"];
 
-// The lean entries' register limit (a kernel parameter, so hashed into the shipped manifest).
+// The entries' register limits (kernel parameters, so hashed into the shipped manifest).
 #[path = "kernels-gpu/src/params.rs"]
 #[allow(dead_code)]
 mod params;
@@ -57,8 +57,13 @@ fn main() {
     let portable = match std::env::var("PAGED_DECODE_PTX") {
         Ok(prebuilt) => {
             println!("cargo::rerun-if-changed={prebuilt}");
-            std::fs::read_to_string(&prebuilt)
-                .unwrap_or_else(|e| fail(&format!("PAGED_DECODE_PTX={prebuilt}: {e}")))
+            let text = std::fs::read_to_string(&prebuilt)
+                .unwrap_or_else(|e| fail(&format!("PAGED_DECODE_PTX={prebuilt}: {e}")));
+            let shipped = std::fs::read_to_string(root.join(manifest::SHIPPED_DIR).join(PORTABLE))
+                .unwrap_or_else(|e| fail(&format!("reading the shipped {PORTABLE}: {e}")));
+            check_prebuilt(&text, &shipped)
+                .unwrap_or_else(|e| fail(&format!("PAGED_DECODE_PTX={prebuilt}: {e}")));
+            text
         }
         Err(_) => kernels.get(PORTABLE, &portable_arch),
     };
@@ -127,7 +132,7 @@ impl<'a> Kernels<'a> {
             target_dir,
             arch: arch.into(),
             ptx_isa: PTX_ISA.into(),
-            max_registers: vec![("decode_mma_lean_".into(), params::LEAN_MAX_REGISTERS)],
+            max_registers: params::MAX_REGISTERS_BY_PREFIX.iter().map(|&(p, n)| (p.into(), n)).collect(),
         };
         build.build(toolchain).unwrap_or_else(|e| fail(&e.to_string()))
     }
@@ -145,6 +150,42 @@ fn find_toolchain(why: &str) -> Toolchain {
         println!("cargo::warning={why}: building it from source; `scripts/ship-ptx` updates ptx/");
     }
     toolchain
+}
+
+/// A prebuilt portable PTX file must have the shipped build's interface, which the host code
+/// launches: the same entry points with the same parameter blocks (a file built from other
+/// sources would have the kernels read their parameters at other offsets), a portable target,
+/// and no NUL byte (the driver takes the text as a C string).
+fn check_prebuilt(text: &str, shipped: &str) -> Result<(), String> {
+    if text.contains('\0') {
+        return Err("the file holds a NUL byte".into());
+    }
+    let target = text.lines().find_map(|l| l.strip_prefix(".target ")).map(str::trim);
+    if !target.is_some_and(|t| PORTABLE_ARCHS.contains(&t)) {
+        return Err(format!(".target {target:?}: expected one of {}", PORTABLE_ARCHS.join(", ")));
+    }
+    let (ours, theirs) = (entry_signatures(shipped), entry_signatures(text));
+    if let Some(missing) = ours.iter().find(|e| !theirs.contains(e)) {
+        return Err(format!(
+            "no entry `{}` with the parameters `{}` of the shipped build",
+            missing.0, missing.1
+        ));
+    }
+    Ok(())
+}
+
+/// Each entry point of a PTX text: its name and its parameter declarations.
+fn entry_signatures(ptx: &str) -> Vec<(String, String)> {
+    let mut entries = Vec::new();
+    let mut lines = ptx.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line.strip_prefix(".visible .entry ").and_then(|l| l.strip_suffix('(')) else {
+            continue;
+        };
+        let params: Vec<&str> = lines.by_ref().map(str::trim).take_while(|l| !l.starts_with(')')).collect();
+        entries.push((name.to_string(), params.join(" ")));
+    }
+    entries
 }
 
 fn write(path: &Path, text: &str) {

@@ -1,6 +1,7 @@
-//! Tensor-parallel decode across every visible GPU (at least two), with NCCL: each GPU holds
-//! its share of the KV heads of one paged cache (and the query heads of their groups), decodes
-//! it with its own plan and stream, and an all-gather assembles `o` and `lse` on every GPU. The
+//! Tensor-parallel decode across the visible GPUs (at least two; as many as divide the 8 KV
+//! heads), with NCCL: each GPU holds its share of the KV heads of one paged cache (and the query
+//! heads of their groups), decodes it with its own plan and stream, and an all-gather assembles
+//! `o` and `lse` on every GPU. The
 //! result is checked against a single-GPU decode of the whole problem, and the step time is
 //! compared with it for a bandwidth-bound shape (b64-L8k) and a latency-bound one (b1-L32k).
 //!

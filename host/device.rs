@@ -124,8 +124,24 @@ impl DeviceProps {
 /// A context (its `CUcontext` as an address), a build, and one of its entry points.
 type ModuleKey = (usize, ArchSku, String);
 
-/// The modules loaded so far, one per entry point of a build in a context.
+/// The modules loaded so far, one per entry point of a build in a context. They stay loaded for
+/// the process, so that a plan selected again does not compile them again; each keeps its
+/// context alive ([`release_cached_modules`]).
 static MODULES: Mutex<Vec<(ModuleKey, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+
+/// Drops this crate's cached modules of `ctx`'s driver context and returns how many it dropped.
+///
+/// The modules plans load stay cached for the process (a plan selected again then compiles
+/// nothing), and each holds its context, so a context that ever selected a plan outlives its
+/// other owners. A program that creates and drops contexts calls this before dropping one; plans
+/// still alive keep the modules they launch (through their functions), and a later `select`
+/// loads what it needs again.
+pub fn release_cached_modules(ctx: &CudaContext) -> usize {
+    let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    let before = cache.len();
+    cache.retain(|((cu_ctx, _, _), _)| *cu_ctx != ctx.cu_ctx() as usize);
+    before - cache.len()
+}
 
 fn cached_module(key: &ModuleKey) -> Option<Arc<CudaModule>> {
     let cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());

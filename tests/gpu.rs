@@ -929,6 +929,24 @@ fn plans_sharing_an_entry_run_in_any_order() {
     }
 }
 
+/// Releasing the cached modules of a context leaves running plans their kernels and lets a later
+/// `select` load them again.
+#[test]
+fn released_modules_load_again() {
+    let Some(dev) = device("released_modules_load_again") else { return };
+    let host = HostProblem::<f16>::random(&ProblemSpec::uniform(3, 700, 32, 8, 128, 16)).unwrap();
+    let select =
+        || BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+    let kept = select();
+    assert!(paged_decode::device::release_cached_modules(&dev.ctx) > 0);
+    let again = select();
+    for (name, plan) in [("kept", &kept), ("selected again", &again)] {
+        let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
+        let (o, lse) = run_decode(&dev, plan, &mut buf);
+        check(name, &host.spec, &o, &lse, &host.reference().unwrap());
+    }
+}
+
 /// The split state (arrival counters) lives in the caller's workspace, so neither dropping the
 /// plan nor running it on another stream can touch memory the plan owned: a graph replayed
 /// after its plan is dropped, and a first `run` on a stream other than `select`'s, give exact

@@ -83,6 +83,10 @@ impl PtxBuild {
 
     fn compile_bitcode(&self, toolchain: &Toolchain) -> Result<link::KernelBitcode> {
         let crate_dir = self.write_kernel_manifest()?;
+        let line_info = line_info_requested();
+        // Each flavour in a target directory of its own: the bitcode file names of the two
+        // differ, and the link takes the newest one it finds.
+        let target_dir = if line_info { self.target_dir.join("line-info") } else { self.target_dir.clone() };
         let mut rustflags = vec![
             format!("-Ctarget-cpu={}", self.arch),
             "-Cpanic=abort".into(),
@@ -90,18 +94,18 @@ impl PtxBuild {
             // Register arrays must be indexed by constants: unroll fixed-trip loops fully.
             format!("-Cllvm-args=-unroll-threshold={UNROLL_THRESHOLD}"),
         ];
-        if line_info_requested() {
+        if line_info {
             rustflags.push("-Cdebuginfo=line-directives-only".into());
         }
         let mut cmd = toolchain.cargo();
         cmd.current_dir(&crate_dir)
             .args(["rustc", "--release", "--target", link::TARGET, "-Zbuild-std=core"])
             .arg("--target-dir")
-            .arg(&self.target_dir)
+            .arg(&target_dir)
             .env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f"))
             .args(["--", "--emit=llvm-bc"]);
         toolchain::run(&mut cmd)?;
-        link::KernelBitcode::find(&self.target_dir, KERNEL_CRATE)
+        link::KernelBitcode::find(&target_dir, KERNEL_CRATE)
     }
 
     /// Writes the kernel crate's manifest into the nested target directory and returns the

@@ -250,7 +250,8 @@ fn rank_major_to_head_major<T: Copy>(v: &[T], world: usize, batch: usize, row: u
     out
 }
 
-/// Every visible GPU, or `None` after saying why the example cannot run.
+/// The visible GPUs, as many as share the KV heads evenly (the most that divide them: 4 of 6
+/// visible for 8 heads), or `None` after saying why the example cannot run.
 pub fn open_all(who: &str) -> Result<Option<Vec<Device>>, Error> {
     let first = match Device::open(0) {
         Ok(d) => d,
@@ -260,9 +261,10 @@ pub fn open_all(who: &str) -> Result<Option<Vec<Device>>, Error> {
         }
         Err(e) => return Err(e),
     };
-    let count = CudaContext::device_count()? as usize;
+    let visible = CudaContext::device_count()? as usize;
+    let count = (1..=visible.min(KV_HEADS)).rev().find(|&n| KV_HEADS.is_multiple_of(n)).unwrap_or(1);
     if count < 2 {
-        println!("{who}: {count} GPU visible; it needs at least two");
+        println!("{who}: {visible} GPU visible; it needs at least two");
         return Ok(None);
     }
     let mut devices = vec![first];

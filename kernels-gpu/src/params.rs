@@ -324,6 +324,9 @@ pub const fn fp8_lean_tiling(head_dim: u32) -> MmaTiling {
 
 /// Registers per thread the lean entries are limited to (ptxas `.maxnreg`): four CTAs per SM.
 pub const LEAN_MAX_REGISTERS: u32 = 128;
+/// Register limits the PTX build sets (`.maxnreg`), by entry name prefix: kept here, among the
+/// kernel sources the shipped manifest hashes, so that a change rebuilds the PTX.
+pub const MAX_REGISTERS_BY_PREFIX: [(&str, u32); 1] = [("decode_mma_lean_", LEAN_MAX_REGISTERS)];
 
 /// Dynamic shared memory of the tensor-core kernel with `tiling` for `mma_tiles` 16-row query
 /// tiles: Q, the K/V stages, the page rows of each stage, the lean tilings' epilogue constants
