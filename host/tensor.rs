@@ -199,9 +199,7 @@ impl<'a> Workspace<'a> {
         }
         let Some(bytes) = self.bytes.as_mut() else { return Ok((0, None)) };
         let (base, guard) = bytes.device_ptr_mut(stream);
-        if !base.is_multiple_of(16) {
-            return Err(crate::Error::MisalignedOperand { operand: "workspace", required: 16 });
-        }
+        crate::plan::checks::aligned("workspace", base, 16)?;
         self.split_state_bytes = Some(state_bytes);
         Ok((base, Some(guard)))
     }

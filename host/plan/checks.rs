@@ -103,7 +103,7 @@ pub(super) fn expect_layout<const N: usize>(
     Ok(())
 }
 
-pub(super) fn aligned(name: &'static str, ptr: u64, required: usize) -> Result<()> {
+pub(crate) fn aligned(name: &'static str, ptr: u64, required: usize) -> Result<()> {
     if !ptr.is_multiple_of(required as u64) {
         return Err(Error::MisalignedOperand { operand: name, required });
     }

@@ -9,7 +9,7 @@
 //!   check on the device that [`PlanPreference::checked`](crate::PlanPreference::checked) runs.
 
 mod append;
-mod checks;
+pub(crate) mod checks;
 mod config;
 mod decode;
 mod table_check;
