@@ -60,7 +60,8 @@ impl Device {
     ///
     /// Using only [`Device::stream`] satisfies all three. Graph capture adds one more rule,
     /// which holds whatever the tracking: a captured graph holds raw device pointers, so every
-    /// buffer it reads or writes must outlive its last replay.
+    /// buffer it reads or writes must outlive its last replay (the kernels it launches stay
+    /// loaded unless [`release_cached_modules`] unloads them).
     pub unsafe fn open_untracked(ordinal: usize) -> Result<Self> {
         Self::open_with(ordinal, false)
     }
@@ -136,7 +137,12 @@ static MODULES: Mutex<Vec<(ModuleKey, Arc<CudaModule>)>> = Mutex::new(Vec::new()
 /// other owners. A program that creates and drops contexts calls this before dropping one; plans
 /// still alive keep the modules they launch (through their functions), and a later `select`
 /// loads what it needs again.
-pub fn release_cached_modules(ctx: &CudaContext) -> usize {
+///
+/// # Safety
+/// A module no live plan holds is unloaded here, and a captured CUDA graph holds its kernels as
+/// raw handles: no graph that captured a launch of a plan of this context that has since been
+/// dropped may be replayed afterwards (the same rule as for the buffers a graph captured).
+pub unsafe fn release_cached_modules(ctx: &CudaContext) -> usize {
     let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
     let before = cache.len();
     cache.retain(|((cu_ctx, _, _), _)| *cu_ctx != ctx.cu_ctx() as usize);

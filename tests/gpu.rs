@@ -929,22 +929,34 @@ fn plans_sharing_an_entry_run_in_any_order() {
     }
 }
 
-/// Releasing the cached modules of a context leaves running plans their kernels and lets a later
-/// `select` load them again.
+/// Releasing the cached modules of a context leaves live plans their kernels, lets a later
+/// `select` load them again, and lets the context go once nothing else holds it. On a context of
+/// its own (not the primary one the other tests share, whose graphs may replay plans they
+/// dropped).
 #[test]
 fn released_modules_load_again() {
-    let Some(dev) = device("released_modules_load_again") else { return };
+    use paged_decode::device::release_cached_modules;
+    if device("released_modules_load_again").is_none() {
+        return;
+    }
+    let ctx = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+    let dev = Device { stream: ctx.new_stream().unwrap(), ctx: ctx.clone() };
     let host = HostProblem::<f16>::random(&ProblemSpec::uniform(3, 700, 32, 8, 128, 16)).unwrap();
     let select =
         || BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
     let kept = select();
-    assert!(paged_decode::device::release_cached_modules(&dev.ctx) > 0);
+    // SAFETY: the context is this test's, and no graph was captured on it.
+    assert!(unsafe { release_cached_modules(&ctx) } > 0);
     let again = select();
     for (name, plan) in [("kept", &kept), ("selected again", &again)] {
         let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
         let (o, lse) = run_decode(&dev, plan, &mut buf);
         check(name, &host.spec, &o, &lse, &host.reference().unwrap());
     }
+    drop((kept, again, dev));
+    // SAFETY: as above.
+    assert!(unsafe { release_cached_modules(&ctx) } > 0);
+    assert_eq!(std::sync::Arc::strong_count(&ctx), 1, "the cache still holds the context");
 }
 
 /// The split state (arrival counters) lives in the caller's workspace, so neither dropping the
