@@ -56,9 +56,7 @@ fn run_decode<T: Element>(
     buf: &mut DeviceProblem<T>,
 ) -> (Vec<T>, Vec<f32>) {
     let s = &dev.stream;
-    let nan_o = vec![T::from_f64(f64::NAN); buf.o.len()];
-    s.memcpy_htod(&nan_o, &mut buf.o).unwrap();
-    s.memcpy_htod(&vec![f32::NAN; buf.lse.len()], &mut buf.lse).unwrap();
+    buf.poison_outputs(s).unwrap();
     let (mut args, mut ws) = buf.args_and_workspace();
     plan.run(s, &mut ws, &mut args).unwrap();
     (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap())
@@ -407,8 +405,7 @@ fn run_scaled_poisoned<T: Element + ProblemCache, C: ProblemCache>(
 ) -> (Vec<T>, Vec<f32>) {
     let s = &dev.stream;
     let mut buf = DeviceProblem::upload(s, host, plan.workspace_size()).unwrap();
-    s.memcpy_htod(&vec![T::from_f64(f64::NAN); buf.o.len()], &mut buf.o).unwrap();
-    s.memcpy_htod(&vec![f32::NAN; buf.lse.len()], &mut buf.lse).unwrap();
+    buf.poison_outputs(s).unwrap();
     {
         let (mut args, mut ws) = buf.args_and_workspace();
         plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
@@ -591,11 +588,12 @@ fn decode_deterministic_and_graph_replay() {
             BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
         let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
         let (o1, l1) = run_decode(&dev, &plan, &mut buf);
+        check("eager run", &spec, &o1, &l1, &host.reference().unwrap());
         let (o2, l2) = run_decode(&dev, &plan, &mut buf);
         assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()));
         assert!(l1.iter().zip(&l2).all(|(a, b)| a.to_bits() == b.to_bits()));
 
-        dev.stream.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
+        buf.poison_outputs(&dev.stream).unwrap();
         dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
         for _ in 0..4 {
             let (mut args, mut ws) = buf.args_and_workspace();
@@ -674,8 +672,8 @@ fn chained_decodes_see_the_previous_kernels_output() {
                 let (mut args, mut ws) = b.args_and_workspace_with_q(Some(a.o.slice(..)));
                 plan.run(s, &mut ws, &mut args).unwrap();
             };
-            s.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
-            s.memcpy_htod(&vec![f16::NAN; b.o.len()], &mut b.o).unwrap();
+            a.poison_outputs(s).unwrap();
+            b.poison_outputs(s).unwrap();
             chain(&mut a, &mut b);
             let (o1, l1) = (s.clone_dtoh(&a.o).unwrap(), s.clone_dtoh(&a.lse).unwrap());
             check("first of chain", &spec, &o1, &l1, &first.reference().unwrap());
@@ -764,7 +762,7 @@ fn page_table_written_by_the_previous_kernel() {
             guessed += guesses;
         }
         let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
-        s.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
+        buf.poison_outputs(s).unwrap();
         s.memcpy_htod(&placeholder, &mut writer_buf.lse).unwrap();
         {
             let (mut args, mut ws) = writer_buf.args_and_workspace();
@@ -993,7 +991,7 @@ fn split_state_lives_in_the_workspace() {
     check("first run on another stream", &spec, &o, &lse, &reference);
 
     // A graph keeps working after the plan that recorded it is dropped.
-    dev.stream.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
+    buf.poison_outputs(&dev.stream).unwrap();
     let mut ws = Workspace::zeroed(&dev.stream, ws_bytes.slice_mut(..)).unwrap();
     dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     for _ in 0..3 {
@@ -1016,13 +1014,12 @@ fn split_state_lives_in_the_workspace() {
     let wider = select(&dev.stream, Some(200));
     let mut big = dev.stream.alloc_zeros::<u8>(wider.workspace_size()).unwrap();
     let mut ws = Workspace::zeroed(&dev.stream, big.slice_mut(..)).unwrap();
-    {
-        let mut args = buf.args();
-        select(&dev.stream, None).run(&dev.stream, &mut ws, &mut args).unwrap();
-        wider.run(&dev.stream, &mut ws, &mut args).unwrap();
+    for (what, plan) in [("default", &select(&dev.stream, None)), ("wider", &wider)] {
+        buf.poison_outputs(&dev.stream).unwrap();
+        plan.run(&dev.stream, &mut ws, &mut buf.args()).unwrap();
+        let (o, lse) = (dev.stream.clone_dtoh(&buf.o).unwrap(), dev.stream.clone_dtoh(&buf.lse).unwrap());
+        check(&format!("two configurations of one split state: {what}"), &spec, &o, &lse, &reference);
     }
-    let (o, lse) = (dev.stream.clone_dtoh(&buf.o).unwrap(), dev.stream.clone_dtoh(&buf.lse).unwrap());
-    check("two configurations of one split state", &spec, &o, &lse, &reference);
     let one = HostProblem::<f16>::random(&ProblemSpec {
         seed: 78,
         ..ProblemSpec::uniform(40, 300, 32, 8, 128, 16)
@@ -1032,6 +1029,7 @@ fn split_state_lives_in_the_workspace() {
         BatchPagedDecodePlan::<f16>::select(&dev.stream, &one.desc, PlanPreference::default()).unwrap();
     assert!(single.config().is_split() && single.workspace_size() <= ws.len());
     let mut one_buf = DeviceProblem::upload(&dev.stream, &one, 0).unwrap();
+    one_buf.poison_outputs(&dev.stream).unwrap();
     let mut args = one_buf.args();
     match single.run(&dev.stream, &mut ws, &mut args) {
         Err(Error::WorkspaceInUse { .. }) => {}
@@ -1268,7 +1266,8 @@ fn tracked_device_orders_runs_across_streams() {
     // Five rounds; fewer with PAGED_DECODE_REPLAYS (the sanitizers' runs).
     let rounds: usize = problem::env_number("PAGED_DECODE_REPLAYS", 5).clamp(1, 5);
     for round in 0..rounds {
-        a_stream.memcpy_htod(&vec![f16::NAN; a.o.len()], &mut a.o).unwrap();
+        a.poison_outputs(a_stream).unwrap();
+        b.poison_outputs(b_stream).unwrap();
         for _ in 0..8 {
             let (mut args, mut ws) = a.args_and_workspace();
             plan.run(a_stream, &mut ws, &mut args).unwrap();
@@ -1484,12 +1483,16 @@ fn fp8_append_quantizes_bit_exactly() {
         let mut rng = Rng::new(seed);
         let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
         let row = 7 * 4 * d;
-        // Values up to twice E4M3's range after the scale, and the special values.
+        // Values up to twice E4M3's range after the scale, and the special values (a NaN of
+        // either sign: the device's arithmetic makes every NaN positive).
         let mut key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
         let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
-        for (i, x) in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 1e-7, 3e4].into_iter().enumerate() {
+        for (i, x) in
+            [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 1e-7, 3e4, -f64::NAN].into_iter().enumerate()
+        {
             key[i * 5] = T::from_f64(x);
         }
+        assert!(key[30].to_f64().is_nan() && key[30].to_f64().is_sign_negative());
         let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
         let (mut k_ref, mut v_ref) = (codes(&host.k_data), codes(&host.v_data));
         let scales = host.scales;
@@ -1640,8 +1643,7 @@ fn fp8_windows_and_sinks() {
             .unwrap();
             let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
             let s = &dev.stream;
-            s.memcpy_htod(&vec![f16::NAN; buf.o.len()], &mut buf.o).unwrap();
-            s.memcpy_htod(&vec![f32::NAN; buf.lse.len()], &mut buf.lse).unwrap();
+            buf.poison_outputs(s).unwrap();
             let sinks_d = s.clone_htod(&sinks).unwrap();
             {
                 let (mut args, mut ws) = buf.args_and_workspace();

@@ -829,7 +829,7 @@ fn fp8_decode_is_decode_over_the_dequantized_cache() {
 
 #[test]
 fn fp8_append_quantizes_each_element_as_documented() {
-    let specials = [1e6, -1e9, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, 1e-12];
+    let specials = [1e6, -1e9, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, 1e-12, -f32::NAN];
     for element in [ElementKind::E4M3, ElementKind::E5M2] {
         let format = element.fp8_layout().unwrap();
         let (hkv, d, ps, pages) = (2, 64, 4, 6);
@@ -866,11 +866,13 @@ fn fp8_append_quantizes_each_element_as_documented() {
             written.iter().zip(&k).all(|(&w, &c)| w || c == 0xAA),
             "{element:?}: a byte outside the slots changed"
         );
-        // Out of range saturates to the largest finite code of its sign, NaN stays NaN.
+        // Out of range saturates to the largest finite code of its sign, NaN stays NaN of its
+        // sign.
         let dst = store_row(&kv, 5, 0, 2);
         let max = format.max_finite;
         assert_eq!(&k[dst..dst + 4], &[max, 0x80 | max, max, 0x80 | max]);
-        assert!(fp8_to_f32(format, k[dst + 4]).is_nan());
+        assert!(fp8_to_f32(format, k[dst + 4]).is_nan() && fp8_to_f32(format, k[dst + 8]).is_nan());
+        assert_eq!([k[dst + 4], k[dst + 8]], [0x7f, 0xff]);
         assert_eq!(&k[dst + 5..dst + 8], &[0, 0x80, 0]);
     }
 }

@@ -954,6 +954,18 @@ fn fp8_cache_descriptors() {
     BatchPagedDecodePlan::<bf16, F8E5M2>::check_descriptor(&e5).unwrap();
     expect_unsupported(BatchPagedDecodePlan::<f32, F8E4M3>::check_descriptor(&e4), &["F32", "8-bit"]);
     expect_invalid(BatchPagedDecodePlan::<f16, F8E4M3>::check_descriptor(&e5), &["E5M2", "E4M3"]);
+    // No kernel soft-caps the logits of an 8-bit cache; a sliding window is fine.
+    let capped = AttentionVariantDescriptor { logits_soft_cap: Some(30.0), window_left: None };
+    expect_unsupported(
+        BatchPagedDecodePlan::<f16, F8E4M3>::check_variant(&e4, &capped),
+        &["soft-cap", "8-bit"],
+    );
+    expect_unsupported(
+        BatchPagedDecodePlan::<bf16, F8E5M2>::check_variant(&e5, &capped),
+        &["soft-cap", "8-bit"],
+    );
+    let windowed = AttentionVariantDescriptor { logits_soft_cap: None, window_left: Some(127) };
+    BatchPagedDecodePlan::<bf16, F8E5M2>::check_variant(&e5, &windowed).unwrap();
     expect_invalid(
         BatchPagedDecodePlan::<f16, bf16>::check_descriptor(&decode_desc(ElementKind::BF16, 2, 8, 2, 64)),
         &["BF16", "F16", "8-bit"],

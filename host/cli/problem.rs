@@ -500,6 +500,14 @@ impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
         Self { kv_stride: layout.strides(kv), ..self }
     }
 
+    /// Overwrites `o` and `lse` with NaN on `stream`, so that a row a launch leaves unwritten
+    /// fails its check instead of passing on an earlier result.
+    pub fn poison_outputs(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memcpy_htod(&vec![T::from_f64(f64::NAN); self.o.len()], &mut self.o)?;
+        stream.memcpy_htod(&vec![f32::NAN; self.lse.len()], &mut self.lse)?;
+        Ok(())
+    }
+
     /// Decode arguments viewing these buffers.
     pub fn args(&mut self) -> BatchPagedDecodeArgs<'_, T, C> {
         self.args_and_workspace().0
@@ -582,29 +590,47 @@ pub fn compare_outputs<T: Element>(
     lse: &[f32],
     r: &paged_decode::reference::DecodeOutput,
 ) -> std::result::Result<f64, String> {
-    let (tol, lse_tol) = tolerances(T::KIND);
     let (heads, row) = (spec.num_qo_heads, spec.num_qo_heads * spec.head_dim);
     let mut worst: f64 = 0.0;
     for b in 0..spec.batch() {
         let out = o.get(b * row..(b + 1) * row).ok_or("o is shorter than the batch")?;
-        let err = rel_l2(out.iter().map(|x| x.to_f64()), r.o.get(b * row..(b + 1) * row).unwrap_or(&[]));
-        if err.is_nan() || err > tol {
-            return Err(format!("request {b} (len {}) rel err {err:.3e} > {tol:.0e}", spec.lens[b]));
-        }
-        worst = worst.max(err);
-        for h in 0..heads {
-            let got = lse.get(b * heads + h).map_or(f64::NAN, |&x| x as f64);
-            let want = r.lse.get(b * heads + h).copied().unwrap_or(f64::NAN);
-            let ok = if want == f64::NEG_INFINITY { got == want } else { (got - want).abs() <= lse_tol };
-            if !ok {
-                return Err(format!(
-                    "request {b} (len {}) head {h}: lse {got} vs reference {want}",
-                    spec.lens[b]
-                ));
-            }
-        }
+        let out_lse = lse.get(b * heads..(b + 1) * heads).ok_or("lse is shorter than the batch")?;
+        let want = paged_decode::reference::DecodeOutput {
+            o: r.o.get(b * row..(b + 1) * row).unwrap_or(&[]).to_vec(),
+            lse: r.lse.get(b * heads..(b + 1) * heads).unwrap_or(&[]).to_vec(),
+        };
+        worst = worst.max(compare_request(spec, b, out, out_lse, &want)?);
     }
     Ok(worst)
+}
+
+/// Compares request `b`'s output rows (`o`: `[Hq, D]`, `lse`: `[Hq]`) with its reference `r`
+/// ([`HostProblem::reference_request`]); returns the relative error of `o`. NaN never passes, and
+/// a `-inf` reference lse takes exactly `-inf`.
+pub fn compare_request<T: Element>(
+    spec: &ProblemSpec,
+    b: usize,
+    o: &[T],
+    lse: &[f32],
+    r: &paged_decode::reference::DecodeOutput,
+) -> std::result::Result<f64, String> {
+    let (tol, lse_tol) = tolerances(T::KIND);
+    let len = spec.lens.get(b).copied().unwrap_or(0);
+    if o.len() != r.o.len() || lse.len() != r.lse.len() {
+        return Err(format!("request {b}: output rows of another shape than the reference's"));
+    }
+    let err = rel_l2(o.iter().map(|x| x.to_f64()), &r.o);
+    if err.is_nan() || err > tol {
+        return Err(format!("request {b} (len {len}) rel err {err:.3e} > {tol:.0e}"));
+    }
+    for (h, (&got, &want)) in lse.iter().zip(&r.lse).enumerate() {
+        let got = got as f64;
+        let ok = if want == f64::NEG_INFINITY { got == want } else { (got - want).abs() <= lse_tol };
+        if !ok {
+            return Err(format!("request {b} (len {len}) head {h}: lse {got} vs reference {want}"));
+        }
+    }
+    Ok(err)
 }
 
 /// Relative-error thresholds per element type (f32 ≤ 1e-5, f16 ≤ 1e-3, bf16 ≤ 8e-3) and the

@@ -45,7 +45,8 @@ pub struct BatchPagedDecodeArgs<'a, T, C = T> {
     pub last_page_len: TensorRef<'a, i32, 1>,
     /// `[batch, num_qo_heads, head_dim]`.
     pub o: TensorMut<'a, T, 3>,
-    /// `[batch, num_qo_heads]`: base-2 log-sum-exp of the scaled logits (`-inf` for empty requests).
+    /// `[batch, num_qo_heads]`: base-2 log-sum-exp of the scaled logits (for an empty request
+    /// `-inf`, or `sink · log2(e)` with an attention sink, [`BatchPagedDecodePlan::run_with_sinks`]).
     pub lse: TensorMut<'a, f32, 2>,
 }
 
@@ -381,7 +382,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         Ok(strides)
     }
 
-    /// Checks an attention variant for `desc` (no GPU needed): a finite, positive soft-cap.
+    /// Checks an attention variant for `desc` (no GPU needed): a finite, positive soft-cap, and
+    /// none over an 8-bit cache (no kernel has both).
     pub fn check_variant(
         desc: &BatchPagedDecodeDescriptor,
         variant: &AttentionVariantDescriptor,
@@ -391,6 +393,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             && !(cap.is_finite() && cap > 0.0)
         {
             return Err(invalid(format!("logits_soft_cap = {cap} must be finite and positive")));
+        }
+        if C::CACHE_KIND.fp8_layout().is_some() && variant.logits_soft_cap.is_some() {
+            return Err(Error::Unsupported("a logits soft-cap over an 8-bit cache".into()));
         }
         Ok(())
     }
@@ -442,9 +447,6 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
                 props.compute_capability.1,
                 if pref.allow_sm90a { "" } else { " with allow_sm90a off" }
             )));
-        }
-        if C::CACHE_KIND.fp8_layout().is_some() && variant.logits_soft_cap.is_some() {
-            return Err(Error::Unsupported("a logits soft-cap over an 8-bit cache".into()));
         }
         let programmatic = pref.programmatic_launch && arch == ArchSku::Sm90;
         let guessing = programmatic && pref.stable_page_table.is_none();

@@ -100,10 +100,15 @@ pub unsafe fn append_quantized<T: MmaElem>(p: &AppendParams, format: Fp8Layout) 
 }
 
 /// The 8 elements of `T` packed in `x` as 8 codes of `format` (`f32_to_fp8(x / scale)`), byte `i`
-/// of the result holding element `i`.
+/// of the result holding element `i`. A NaN element takes its sign from its own bits: the GPU's
+/// arithmetic turns every NaN into one canonical (positive) NaN, where the host keeps the sign.
 #[inline(always)]
 fn quantize8<T: MmaElem>(x: [u32; 4], scale: f32, format: Fp8Layout) -> [u32; 2] {
-    let code = |bits: u32| f32_to_fp8(format, T::from_bits(bits as u16).to_f32() / scale) as u32;
+    let code = |bits: u32| {
+        let q = T::from_bits(bits as u16).to_f32() / scale;
+        let q = if q.is_nan() { f32::from_bits((bits & 0x8000) << 16 | 0x7fc0_0000) } else { q };
+        f32_to_fp8(format, q) as u32
+    };
     let pair = |w: u32| code(w & 0xffff) | code(w >> 16) << 8;
     [pair(x[0]) | pair(x[1]) << 16, pair(x[2]) | pair(x[3]) << 16]
 }
