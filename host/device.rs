@@ -58,10 +58,13 @@ impl Device {
     /// - a slice is not dropped (its memory freed on its own stream) while work on another
     ///   stream still uses it.
     ///
-    /// Using only [`Device::stream`] satisfies all three. Graph capture adds one more rule,
-    /// which holds whatever the tracking: a captured graph holds raw device pointers, so every
-    /// buffer it reads or writes must outlive its last replay (the kernels it launches stay
-    /// loaded unless [`release_cached_modules`] unloads them).
+    /// Using only [`Device::stream`] satisfies all three. Graph capture, which the plans allow
+    /// only in such a context ([`Error::CaptureWithTracking`] otherwise), adds two more: a
+    /// captured graph holds raw device pointers, so every buffer it reads or writes must
+    /// outlive its last replay (the kernels it launches stay loaded unless
+    /// [`release_cached_modules`] unloads them), and a workspace captured with a plan's runs is
+    /// not zeroed again ([`crate::Workspace::zeroed`]) nor used by another launch while the graph
+    /// can still replay, since its replays keep their split state there.
     pub unsafe fn open_untracked(ordinal: usize) -> Result<Self> {
         Self::open_with(ordinal, false)
     }
@@ -139,9 +142,13 @@ static MODULES: Mutex<Vec<(ModuleKey, Arc<CudaModule>)>> = Mutex::new(Vec::new()
 /// loads what it needs again.
 ///
 /// # Safety
-/// A module no live plan holds is unloaded here, and a captured CUDA graph holds its kernels as
-/// raw handles: no graph that captured a launch of a plan of this context that has since been
-/// dropped may be replayed afterwards (the same rule as for the buffers a graph captured).
+/// A module no live plan holds is unloaded here, or later when the last plan holding it is
+/// dropped, and a captured CUDA graph holds its kernels as raw handles: no graph that captured a
+/// launch of a plan of this context may be replayed once that plan is dropped (the same rule as
+/// for the buffers a graph captured). Unloading a module whose kernels are still running is not
+/// a defined driver operation either: the launches of dropped plans of this context have
+/// completed (synchronize its streams) before this call, and those of the plans still alive
+/// before each is dropped.
 pub unsafe fn release_cached_modules(ctx: &CudaContext) -> usize {
     let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
     let before = cache.len();

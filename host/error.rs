@@ -57,6 +57,31 @@ pub enum Error {
         /// Ordinal of the device the argument belongs to.
         found: usize,
     },
+    /// A tensor (or the workspace) lives in the launch's driver context but belongs to another
+    /// cudarc `CudaContext` object than the launch stream, one of the two managing stream
+    /// synchronization (event tracking with streams of its own) and the other not: cudarc would
+    /// then neither order the launch after the tensor's last write nor its free after the
+    /// launch. Launch on a stream of the tensor's own `CudaContext`.
+    #[error(
+        "`{operand}` belongs to another cudarc CudaContext object of the launch's device, whose event \
+         tracking does not order it with the launch stream (one of the two manages stream \
+         synchronization, the other does not); launch on a stream of the tensor's own CudaContext"
+    )]
+    UnorderedContext {
+        /// Name of the argument.
+        operand: &'static str,
+    },
+    /// A `run` was called while its stream is being captured into a CUDA graph, in a context
+    /// that tracks events (cudarc's default): a graph replays raw device addresses that no
+    /// borrow keeps alive, so capture needs a context whose tracking was turned off by an
+    /// `unsafe` call ([`Device::open_untracked`](crate::Device::open_untracked),
+    /// `CudaContext::disable_event_tracking`), whose contract covers the graph's buffers.
+    #[error(
+        "a run cannot be captured into a CUDA graph in a context with event tracking on: a graph \
+         replays raw addresses that nothing keeps alive; capture on a device opened with the unsafe \
+         Device::open_untracked (or a context after CudaContext::disable_event_tracking)"
+    )]
+    CaptureWithTracking,
     /// A checked `run` (or `check_page_table`) was called while its stream is being captured
     /// into a CUDA graph: checking waits for the device's verdict, which capture cannot do.
     #[error(

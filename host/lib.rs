@@ -87,7 +87,13 @@
 //! **Same device.** `run` and `check_page_table` refuse, with [`Error::WrongDevice`], a stream of
 //! another context than the plan's and any tensor or workspace of another context than the
 //! stream's, before touching the stream: a kernel never dereferences another device's address.
-//! The check compares context handles, a few pointer comparisons per call.
+//! The check compares context handles, a few pointer comparisons per call. cudarc keeps its
+//! event tracking per `CudaContext` object, and two objects can share one driver context (two
+//! `CudaContext::new(0)`, or candle's and this crate's [`Device`]): a tensor of another object
+//! is taken only when both objects manage stream synchronization or neither does, since cudarc
+//! orders a launch after a slice's last write, and the slice's drop after the launch, only when
+//! the slice's object does and it records the launch only when the stream's does
+//! ([`Error::UnorderedContext`] otherwise; [`Workspace::zeroed`] checks its bytes alike).
 //!
 //! **Page tables.** The fast path trusts the values of `indptr` / `indices` / `last_page_len`
 //! but every access stays inside the given tensors (see `kernels-gpu/src/lib.rs`); a corrupt
@@ -97,13 +103,14 @@
 //! stream capture it returns [`Error::CheckedUnderCapture`] instead.
 //!
 //! **Graph capture.** A captured graph holds raw device pointers: replaying it reads and writes
-//! the buffers of the captured calls with no borrow tying them to the graph. cudarc's
-//! `begin_capture`, `end_capture` and `CudaGraph::launch` are safe functions, so this holds for
-//! every buffer any captured work uses, ours included: keep the tensors and the workspace of
-//! captured runs alive (and do not give their memory to anything else) until the graph is
-//! dropped. Capture needs a device without event tracking ([`Device::open_untracked`]): with
-//! tracking, the capturing stream would wait on events recorded before the capture, which
-//! invalidates it (`end_capture` returns the driver's error; nothing unsound happens).
+//! the buffers of the captured calls with no borrow tying them to the graph. So a `run` is
+//! captured only in a context whose event tracking an `unsafe` call turned off
+//! ([`Device::open_untracked`], or `CudaContext::disable_event_tracking`), whose contract makes
+//! the caller keep the tensors and the workspace of captured runs alive, and not give them to
+//! other work, until the graph is dropped. In a context that tracks events (cudarc's default)
+//! a `run` on a capturing stream is refused with [`Error::CaptureWithTracking`], before
+//! anything is enqueued; that costs one driver query per run there. (cudarc's own copies and
+//! memsets can still be captured by safe code: that is cudarc's API.)
 //!
 //! # Contracts
 //!

@@ -21,7 +21,11 @@
 //! advanced for the new token, so on top of the rules above (shared pages allowed):
 //! - every request owns at least one page (the token's page),
 //! - `last_page_len[b] ≥ 1` (the new token is counted: it goes to slot `last_page_len[b] - 1`),
-//! - no two requests append to the same slot of the same page.
+//! - no two requests append to the same slot of the same page,
+//! - and no request appends to a page that appears elsewhere in the table (in another request,
+//!   or earlier in its own): every other reference to the page counts the slot as a token, or
+//!   appends to a slot the appending request counts, so one token would overwrite another.
+//!   Pages shared as a common prefix are fine; the page a request appends to is its own.
 
 use std::collections::HashMap;
 
@@ -199,7 +203,38 @@ pub(crate) fn append_slots(
         }
         slots.push(target);
     }
-    Ok(slots)
+    match shared_append_page(table, &slots) {
+        Some(message) => Err(bad(message)),
+        None => Ok(slots),
+    }
+}
+
+/// The append rule past the shared slots: no request appends to a page that appears elsewhere
+/// in the table. `targets[b]` is the `(page, slot)` request `b` appends to, its last page
+/// `indices[indptr[b + 1] - 1]`; the requests' ranges of `indices` are valid (`0 ≤ indptr[b] ≤
+/// indptr[b + 1] ≤ indices.len()`). Any other reference to an append page counts the appended
+/// slot as a token (a page before a request's last counts all `page_size`), or is another
+/// request's append page, and then one of the two counts the slot the other appends to.
+/// Returns the message of the first such reference, in table order.
+pub(crate) fn shared_append_page(table: PageTable<'_>, targets: &[(usize, usize)]) -> Option<String> {
+    let batch = targets.len();
+    // Append page -> (request, slot, its position in indices).
+    let mut appended: HashMap<usize, (usize, usize, usize)> = HashMap::with_capacity(batch);
+    for (b, &(page, slot)) in targets.iter().enumerate() {
+        let position = table.indptr[b + 1] as usize - 1;
+        appended.entry(page).or_insert((b, slot, position));
+    }
+    for a in 0..batch {
+        let (start, stop) = (table.indptr[a] as usize, table.indptr[a + 1] as usize);
+        for position in start..stop {
+            let page = table.indices[position] as usize;
+            let Some(&(b, slot, at)) = appended.get(&page) else { continue };
+            if position != at {
+                return Some(shared_page_message(b, page, slot, a, position - start));
+            }
+        }
+    }
+    None
 }
 
 /// Append rule: request `b` owns no page.
@@ -219,6 +254,16 @@ pub(crate) fn last_page_empty_message(b: u64) -> String {
 pub(crate) fn shared_slot_message(a: u64, b: u64, page: u64, slot: u64) -> String {
     format!(
         "requests {a} and {b} both append to slot {slot} of page {page}; one token would overwrite the other"
+    )
+}
+
+/// Append rule: request `b` appends to `slot` of `page`, which is also page `k` (from 0) of
+/// request `a`.
+pub(crate) fn shared_page_message(b: usize, page: usize, slot: usize, a: usize, k: usize) -> String {
+    let whose = if a == b { format!("its own page {k}") } else { format!("page {k} of request {a}") };
+    format!(
+        "request {b} appends to slot {slot} of page {page}, which is also {whose}: the new token would \
+         overwrite a token the table counts there; the page a request appends to must appear once"
     )
 }
 
@@ -395,8 +440,34 @@ mod tests {
             // ...that appending rejects.
             expect_err(validate_append_table(&d, 2, t), &[part]);
         }
-        // Same page, different slots; a shared prefix page before the appended ones.
-        validate_append_table(&d, 2, table(&[0, 1, 2], &[3, 3], &[1, 2])).unwrap();
+        // An append page seen elsewhere: two requests appending to two slots of one page (request 1
+        // counts slot 0, which request 0 writes), a page request 0 fills earlier that request 1
+        // appends to, and a request appending to a page it repeats.
+        let overwrites = [
+            (
+                table(&[0, 1, 2], &[3, 3], &[1, 2]),
+                "request 0 appends to slot 0 of page 3, which is also page 0 of request 1",
+            ),
+            (
+                table(&[0, 2, 3], &[3, 5, 3], &[1, 2]),
+                "request 1 appends to slot 1 of page 3, which is also page 0 of request 0",
+            ),
+            (table(&[0, 2, 3], &[3, 5, 6], &[2, 2]), ""),
+            (
+                table(&[0, 3], &[3, 5, 3], &[2]),
+                "request 0 appends to slot 1 of page 3, which is also its own page 0",
+            ),
+        ];
+        for (t, part) in overwrites {
+            let batch = t.last_page_len.len();
+            validate_page_table(&d, batch, t, SHARED).unwrap();
+            if part.is_empty() {
+                validate_append_table(&d, batch, t).unwrap();
+            } else {
+                expect_err(validate_append_table(&d, batch, t), &[part, "overwrite"]);
+            }
+        }
+        // A shared prefix page before the appended ones.
         validate_append_table(&d, 2, table(&[0, 2, 4], &[5, 3, 5, 6], &[4, 4])).unwrap();
         // The decode rules still apply.
         expect_err(validate_append_table(&d, 2, table(&[0, 1, 2], &[0, 9], &[1, 1])), &["indices[1] = 9"]);

@@ -440,7 +440,8 @@ fn decode_store<T: Element>(
 /// `key.len() == value.len() == batch · num_kv_heads · head_dim` and the store lengths of
 /// [`decode`]. The page table must pass [`validate_append_table`](crate::page_table::validate_append_table)
 /// (reported as [`Error::InvalidPageTable`]): every request owns at least one page, has
-/// `last_page_len[b] ≥ 1`, and no two requests write the same slot of the same page.
+/// `last_page_len[b] ≥ 1`, no two requests write the same slot of the same page, and the page a
+/// request writes appears nowhere else in the table.
 ///
 /// The unchecked GPU kernel does not fail on such a table: it skips a request with no page or
 /// with `last_page_len` outside `[1, page_size]`, and two requests sharing a slot race for it.

@@ -158,8 +158,11 @@ impl<'a> Workspace<'a> {
     }
 
     /// Zeroes `bytes` on `stream` (stream-ordered, no synchronization) and returns them as a
-    /// workspace.
+    /// workspace. The bytes are an operand of `stream` as a launch's are: of its driver context,
+    /// and ordered with it by cudarc's event tracking ([`crate::Error::WrongDevice`],
+    /// [`crate::Error::UnorderedContext`]).
     pub fn zeroed(stream: &Arc<CudaStream>, mut bytes: CudaViewMut<'a, u8>) -> crate::Result<Self> {
+        crate::guard::same_context(stream.context(), "workspace", bytes.stream().context())?;
         stream.memset_zeros(&mut bytes)?;
         Ok(Self { bytes: Some(bytes), split_state_bytes: None })
     }

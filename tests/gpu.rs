@@ -1130,6 +1130,73 @@ fn refuses_foreign_operands(dev: &Device, other: &Device) {
     );
 }
 
+/// Two cudarc `CudaContext` objects of one driver context (two `CudaContext::new(0)`): tensors
+/// of an object used through its default stream alone (which does not manage stream
+/// synchronization) are refused on the stream of a tracking `Device` (which does), and so is a
+/// workspace zeroed there; tensors of an object with a stream of its own (managing, as the
+/// device) are taken and give the reference's result. A run captured on the tracking device's
+/// stream is refused before anything is enqueued, and the capture ends empty.
+#[test]
+fn run_refuses_unordered_context_objects() {
+    use cudarc::driver::CudaContext;
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(dev) = device("run_refuses_unordered_context_objects") else { return };
+    let s = &dev.stream;
+    assert!(dev.ctx.is_managing_stream_synchronization());
+    let spec = ProblemSpec::uniform(3, 700, 16, 4, 128, 16);
+    let host = HostProblem::<f16>::random(&spec).unwrap();
+    let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, PlanPreference::default()).unwrap();
+    assert!(plan.workspace_size() > 0, "a split plan, so that the workspace is checked");
+
+    let lone = CudaContext::new(0).unwrap();
+    let lone_stream = lone.default_stream();
+    assert!(!lone.is_managing_stream_synchronization() && lone.cu_ctx() == dev.ctx.cu_ctx());
+    let mut theirs = DeviceProblem::upload(&lone_stream, &host, plan.workspace_size()).unwrap();
+    let mut mine = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+    lone_stream.synchronize().unwrap();
+    let unordered = |r: paged_decode::Result<()>, operand: &str| match r {
+        Err(Error::UnorderedContext { operand: o }) => assert_eq!(o, operand),
+        other => panic!("{operand} of an unordered context object: expected UnorderedContext, got {other:?}"),
+    };
+    {
+        let (mut args, mut ws) = mine.args_and_workspace();
+        args.o = paged_decode::TensorMut::new(theirs.o.slice_mut(..), [3, 16, 128]);
+        unordered(plan.run(s, &mut ws, &mut args), "o");
+    }
+    match Workspace::zeroed(s, theirs.workspace.slice_mut(..)) {
+        Err(Error::UnorderedContext { operand: "workspace" }) => {}
+        other => panic!("workspace of an unordered context object: expected UnorderedContext, got {other:?}"),
+    }
+
+    // An object that manages synchronization too: its tensors are ordered with the launch.
+    let tracked = CudaContext::new(0).unwrap();
+    let tracked_stream = tracked.new_stream().unwrap();
+    assert!(tracked.is_managing_stream_synchronization());
+    let mut ordered = DeviceProblem::upload(&tracked_stream, &host, plan.workspace_size()).unwrap();
+    ordered.poison_outputs(&tracked_stream).unwrap();
+    {
+        let mut ws = Workspace::zeroed(s, mine.workspace.slice_mut(..)).unwrap();
+        plan.run(s, &mut ws, &mut ordered.args()).unwrap();
+    }
+    let (o, lse) = (s.clone_dtoh(&ordered.o).unwrap(), s.clone_dtoh(&ordered.lse).unwrap());
+    check("tensors of another managing context object", &spec, &o, &lse, &host.reference().unwrap());
+
+    // Capture in a tracking context.
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let refused = {
+        let (mut args, mut ws) = mine.args_and_workspace();
+        plan.run(s, &mut ws, &mut args)
+    };
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap();
+    assert!(matches!(refused, Err(Error::CaptureWithTracking)), "capture with tracking: got {refused:?}");
+    drop(graph);
+    let (o, lse) = run_decode(&dev, &plan, &mut mine);
+    check("after the refused capture", &spec, &o, &lse, &host.reference().unwrap());
+    lone_stream.synchronize().unwrap();
+    tracked_stream.synchronize().unwrap();
+    println!("unordered context objects and tracked capture refused; a managing object's tensors taken");
+}
+
 /// A checked `run` or `check_page_table` on a capturing stream says so, before touching the
 /// stream; the capture then ends cleanly and checked runs work again.
 #[test]
@@ -1206,6 +1273,19 @@ fn checked_append_rejects_tables_that_lose_tokens() {
     h.indices[p2] = h.indices[p0];
     h.last_page_len[2] = h.last_page_len[0];
     corruptions.push(("two requests, one slot", "requests 0 and 2 both append to slot", h));
+    // Request 0 (17 tokens) appends to slot 0 of its second page; request 2 (32 tokens) counts
+    // slots 0 and 1 of that page as its own last page, and appends to slot 1.
+    let mut h = good.clone();
+    let (p0, p2) = (last_page(&h, 0), last_page(&h, 2));
+    h.indices[p2] = h.indices[p0];
+    h.last_page_len[2] = 2;
+    corruptions.push(("two requests, one page", "request 0 appends to slot 0 of page", h));
+    // Request 1 appends to the first page of request 0, which request 0 fills.
+    let mut h = good.clone();
+    let first0 = h.indptr[0] as usize;
+    let p1 = last_page(&h, 1);
+    h.indices[p1] = h.indices[first0];
+    corruptions.push(("a page another request counts", "which is also page 0 of request 0", h));
     for (name, part, bad) in &corruptions {
         let err = paged_decode::page_table::validate_append_table(&desc.paged_kv, 4, bad.page_table());
         assert!(

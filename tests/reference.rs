@@ -460,8 +460,8 @@ fn append_rejects_unadvanced_or_conflicting_tables() {
     table_err(try_append(&[0, 1, 1], &[0], &[1, 1]), "request 1 owns no page");
     table_err(try_append(&[0, 1, 2], &[0, 1], &[0, 1]), "last_page_len[0] = 0");
     table_err(try_append(&[0, 1, 2], &[3, 3], &[2, 2]), "slot 1 of page 3");
-    // Same page, different slots: allowed.
-    try_append(&[0, 1, 2], &[3, 3], &[1, 2]).unwrap();
+    // Same page, different slots: request 1 counts slot 0, which request 0 writes.
+    table_err(try_append(&[0, 1, 2], &[3, 3], &[1, 2]), "request 0 appends to slot 0 of page 3");
     table_err(try_append(&[0, 1, 2], &[0, 1], &[1, 5]), "last_page_len[1] = 5");
     let mut k = k0.clone();
     let mut v = k0.clone();

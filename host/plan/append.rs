@@ -10,6 +10,7 @@ use cudarc::driver::{
 
 use crate::device::{self, DeviceProps};
 use crate::error::{Error, Result, invalid};
+use crate::guard;
 use crate::params::AppendParams;
 use crate::ptx::{self, entry};
 use crate::tensor::{TensorLayout, TensorMut, TensorRef, Workspace};
@@ -320,9 +321,10 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
 
     /// Validates the device page table of `args` against the append contract (see
     /// [`crate::page_table`]: every request owns a page, `last_page_len ∈ [1, page_size]`, no two
-    /// requests append to the same slot) on the GPU, synchronizes `stream` and reports the first
-    /// violation as [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`]
-    /// while `stream` is being captured into a graph.
+    /// requests append to the same slot, and the page a request appends to appears once in the
+    /// table) on the GPU, the last two rules on the host from a copy of the table; synchronizes
+    /// `stream` and reports the first violation as [`Error::InvalidPageTable`]. Refused with
+    /// [`Error::CheckedUnderCapture`] while `stream` is being captured into a graph.
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,
@@ -344,8 +346,11 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     /// requests appending to the same slot race for it (the row ends up an unspecified mix of
     /// their tokens' 16-byte pieces).
     ///
-    /// As [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run), operands of another context are [`Error::WrongDevice`]
-    /// and a checked run while `stream` captures is [`Error::CheckedUnderCapture`].
+    /// Refused as [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run) is: operands of
+    /// another context ([`Error::WrongDevice`]) or of an unordered `CudaContext` object
+    /// ([`Error::UnorderedContext`]), capture in a context that tracks events
+    /// ([`Error::CaptureWithTracking`]), and a checked run while `stream` captures
+    /// ([`Error::CheckedUnderCapture`]).
     ///
     /// A quantizing plan divides by scales of 1 here; [`Self::run_scaled`] takes others.
     pub fn run(
@@ -373,6 +378,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         if self.pref.checked {
             self.check_page_table(stream, args)?;
         }
+        guard::refuse_tracked_capture(stream)?;
         args.check_launch_context(&self.ctx, stream)?;
         let strides = Self::kv_strides(&self.desc, &args.layout())?;
         let (k, _k) = args.k_data.data.device_ptr_mut(stream);
@@ -403,6 +409,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             last_page_len: args.last_page_len.layout(),
         };
         let layout = Self::paired_layout(&layout, args.v_offset)?;
+        guard::refuse_tracked_capture(stream)?;
         args.check_launch_context(&self.ctx, stream)?;
         let strides = Self::paired_strides(&self.desc, &layout, args.v_offset)?;
         if self.pref.checked {

@@ -603,8 +603,12 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// the output is unspecified but every access stays inside the given tensors.
     ///
     /// Refused before anything is enqueued: a stream of another context than the plan's, or a
-    /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]), and a
-    /// checked run on a capturing stream ([`Error::CheckedUnderCapture`]).
+    /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]); a
+    /// tensor or workspace of another `CudaContext` object whose event tracking does not order it
+    /// with the stream ([`Error::UnorderedContext`]); a run on a capturing stream in a context
+    /// that tracks events ([`Error::CaptureWithTracking`]: capture on
+    /// [`Device::open_untracked`](crate::Device::open_untracked)), and a checked run on any
+    /// capturing stream ([`Error::CheckedUnderCapture`]).
     ///
     /// An 8-bit cache is read with scales of 1 (its codes are the values); [`Self::run_scaled`]
     /// takes others.
@@ -678,11 +682,12 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         if self.pref.checked {
             guard::refuse_capture(stream)?;
         }
+        guard::refuse_tracked_capture(stream)?;
         args.check_launch_context(&self.ctx, stream)?;
-        workspace.check_context(&self.ctx)?;
+        workspace.check_context(stream.context())?;
         let strides = Self::kv_strides(&self.desc, &args.layout())?;
         if let Some(sinks) = sinks {
-            guard::same_context(&self.ctx, "sinks", sinks.context())?;
+            guard::same_context(stream.context(), "sinks", sinks.context())?;
             self.check_sinks(&sinks.layout())?;
         }
         let needed = self.workspace_size();

@@ -29,8 +29,8 @@ impl<'r, 'a> PageTableView<'r, 'a> {
 }
 
 /// Runs the check kernel over `table` (the append contract with `append`) and waits for its
-/// verdict; [`Error::CheckedUnderCapture`] while `stream` captures. In append mode, a table that passes is then searched for two requests appending to
-/// the same slot, from the slots the kernel wrote.
+/// verdict; [`Error::CheckedUnderCapture`] while `stream` captures. In append mode, a table that
+/// passes is then searched on the host for appends that collide ([`append_collisions`]).
 pub(super) fn check_on_device(
     stream: &Arc<CudaStream>,
     check_fn: &CudaFunction,
@@ -74,7 +74,7 @@ pub(super) fn check_on_device(
     let found = stream.clone_dtoh(&status)?[0];
     if found == u64::MAX {
         return if append {
-            shared_append_slot(&stream.clone_dtoh(&slots)?, kv.page_size as u64)
+            append_collisions(stream, &table, &stream.clone_dtoh(&slots)?, kv)
         } else {
             Ok(())
         };
@@ -100,6 +100,31 @@ pub(super) fn check_on_device(
         _ => format!("unknown violation code {code} at request {request}"),
     };
     Err(Error::InvalidPageTable(what))
+}
+
+/// The append rules across requests, for a table the kernel passed (so its request ranges lie
+/// inside `indices`): no two requests append to one slot ([`shared_append_slot`]), then, from a
+/// copy of the table, no request appends to a page that appears elsewhere in it
+/// ([`page_table::shared_append_page`](crate::page_table::shared_append_page)).
+fn append_collisions(
+    stream: &Arc<CudaStream>,
+    table: &PageTableView<'_, '_>,
+    slots: &[u64],
+    kv: &PagedKvCacheDescriptor,
+) -> Result<()> {
+    let page_size = kv.page_size as u64;
+    shared_append_slot(slots, page_size)?;
+    let indptr = stream.clone_dtoh(&table.indptr.data)?;
+    let indices = stream.clone_dtoh(&table.indices.data)?;
+    let last_page_len = stream.clone_dtoh(&table.last_page_len.data)?;
+    let host =
+        crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &last_page_len };
+    let targets: Vec<(usize, usize)> =
+        slots.iter().map(|&row| ((row / page_size) as usize, (row % page_size) as usize)).collect();
+    match crate::page_table::shared_append_page(host, &targets) {
+        Some(message) => Err(Error::InvalidPageTable(message)),
+        None => Ok(()),
+    }
 }
 
 /// [`Error::InvalidPageTable`] naming the first request whose append slot (a store row,
