@@ -38,9 +38,10 @@ impl Device {
     ///
     /// Orders its slices across any number of streams, but for the one case cudarc's tracking
     /// leaves to the caller: reads of one slice on two streams, then a write or drop (see
-    /// [`Device`]). Its slices cannot be captured into a CUDA graph: event tracking makes the
-    /// capturing stream wait on events recorded before the capture, which invalidates it
-    /// (`end_capture` then returns an error). Use [`Device::open_untracked`] to capture.
+    /// [`Device`]). A plan's `run` on its capturing stream is refused with
+    /// [`Error::CaptureWithTracking`] before anything is enqueued (and cudarc's own copies there
+    /// would wait on events recorded before the capture, which invalidates it). Use
+    /// [`Device::open_untracked`] to capture.
     pub fn open(ordinal: usize) -> Result<Self> {
         Self::open_with(ordinal, true)
     }
@@ -58,7 +59,12 @@ impl Device {
     /// - a slice is not dropped (its memory freed on its own stream) while work on another
     ///   stream still uses it.
     ///
-    /// Using only [`Device::stream`] satisfies all three. Graph capture, which the plans allow
+    /// The same holds for slices of other `CudaContext` objects of this GPU that do not manage
+    /// stream synchronization (a tracking one used through its default stream alone, say) when
+    /// they are launched on this device's streams: the plans take them here, and nothing orders
+    /// them with this device's streams but the caller.
+    ///
+    /// Using only [`Device::stream`] and its slices satisfies all of this. Graph capture, which the plans allow
     /// only in such a context ([`Error::CaptureWithTracking`] otherwise), adds two more: a
     /// captured graph holds raw device pointers, so every buffer it reads or writes must
     /// outlive its last replay (the kernels it launches stay loaded unless

@@ -60,8 +60,8 @@ pub enum Error {
     /// A tensor (or the workspace) lives in the launch's driver context but belongs to another
     /// cudarc `CudaContext` object than the launch stream, one of the two managing stream
     /// synchronization (event tracking with streams of its own) and the other not: cudarc would
-    /// then neither order the launch after the tensor's last write nor its free after the
-    /// launch. Launch on a stream of the tensor's own `CudaContext`.
+    /// then fail to order the launch after the tensor's last write, or the tensor's next write
+    /// and its free after the launch. Launch on a stream of the tensor's own `CudaContext`.
     #[error(
         "`{operand}` belongs to another cudarc CudaContext object of the launch's device, whose event \
          tracking does not order it with the launch stream (one of the two manages stream \
@@ -74,8 +74,9 @@ pub enum Error {
     /// A `run` was called while its stream is being captured into a CUDA graph, in a context
     /// that tracks events (cudarc's default): a graph replays raw device addresses that no
     /// borrow keeps alive, so capture needs a context whose tracking was turned off by an
-    /// `unsafe` call ([`Device::open_untracked`](crate::Device::open_untracked),
-    /// `CudaContext::disable_event_tracking`), whose contract covers the graph's buffers.
+    /// `unsafe` call: [`Device::open_untracked`](crate::Device::open_untracked), whose contract
+    /// covers the graph's buffers, or `CudaContext::disable_event_tracking`, whose caller then
+    /// takes on the same graph rules.
     #[error(
         "a run cannot be captured into a CUDA graph in a context with event tracking on: a graph \
          replays raw addresses that nothing keeps alive; capture on a device opened with the unsafe \

@@ -97,17 +97,19 @@
 //!
 //! **Page tables.** The fast path trusts the values of `indptr` / `indices` / `last_page_len`
 //! but every access stays inside the given tensors (see `kernels-gpu/src/lib.rs`); a corrupt
-//! table gives unspecified output, and for the append a dropped or raced token
+//! table gives unspecified output, and for the append a dropped, raced or overwritten token
 //! ([`PagedKvAppendPlan::run`]). [`PlanPreference::checked`] validates the table on the GPU
 //! first and returns [`Error::InvalidPageTable`], writing nothing; it synchronizes, so under
 //! stream capture it returns [`Error::CheckedUnderCapture`] instead.
 //!
 //! **Graph capture.** A captured graph holds raw device pointers: replaying it reads and writes
 //! the buffers of the captured calls with no borrow tying them to the graph. So a `run` is
-//! captured only in a context whose event tracking an `unsafe` call turned off
-//! ([`Device::open_untracked`], or `CudaContext::disable_event_tracking`), whose contract makes
-//! the caller keep the tensors and the workspace of captured runs alive, and not give them to
-//! other work, until the graph is dropped. In a context that tracks events (cudarc's default)
+//! captured only in a context whose event tracking an `unsafe` call turned off:
+//! [`Device::open_untracked`], whose contract makes the caller keep the tensors and the
+//! workspace of captured runs alive, and not give them to other work, until the graph is
+//! dropped, or `CudaContext::disable_event_tracking`, whose caller takes on the same rules for
+//! the runs it captures (cudarc's contract for it does not name graphs; the check can only
+//! tell that an `unsafe` call was made). In a context that tracks events (cudarc's default)
 //! a `run` on a capturing stream is refused with [`Error::CaptureWithTracking`], before
 //! anything is enqueued; that costs one driver query per run there. (cudarc's own copies and
 //! memsets can still be captured by safe code: that is cudarc's API.)

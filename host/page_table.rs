@@ -212,7 +212,7 @@ pub(crate) fn append_slots(
 /// The append rule past the shared slots: no request appends to a page that appears elsewhere
 /// in the table. `targets[b]` is the `(page, slot)` request `b` appends to, its last page
 /// `indices[indptr[b + 1] - 1]`; the requests' ranges of `indices` are valid (`0 ≤ indptr[b] ≤
-/// indptr[b + 1] ≤ indices.len()`). Any other reference to an append page counts the appended
+/// indptr[b + 1] ≤ indices.len()`); `last_page_len` is not read. Any other reference to an append page counts the appended
 /// slot as a token (a page before a request's last counts all `page_size`), or is another
 /// request's append page, and then one of the two counts the slot the other appends to.
 /// Returns the message of the first such reference, in table order.

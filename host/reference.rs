@@ -444,8 +444,9 @@ fn decode_store<T: Element>(
 /// request writes appears nowhere else in the table.
 ///
 /// The unchecked GPU kernel does not fail on such a table: it skips a request with no page or
-/// with `last_page_len` outside `[1, page_size]`, and two requests sharing a slot race for it.
-/// This reference, like the checked plan, rejects it instead.
+/// with `last_page_len` outside `[1, page_size]`, two requests sharing a slot race for it, and a
+/// shared append page is written over a token another reference counts. This reference, like
+/// the checked plan, rejects it instead.
 ///
 /// All checks run before anything is written, so on error `k_data` and `v_data` are unchanged.
 pub fn append<T: Element>(

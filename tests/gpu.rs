@@ -1134,8 +1134,8 @@ fn refuses_foreign_operands(dev: &Device, other: &Device) {
 /// of an object used through its default stream alone (which does not manage stream
 /// synchronization) are refused on the stream of a tracking `Device` (which does), and so is a
 /// workspace zeroed there; tensors of an object with a stream of its own (managing, as the
-/// device) are taken and give the reference's result. A run captured on the tracking device's
-/// stream is refused before anything is enqueued, and the capture ends empty.
+/// device) are taken and give the reference's result. A decode and an append captured on the
+/// tracking device's stream are refused before anything is enqueued: the capture ends empty.
 #[test]
 fn run_refuses_unordered_context_objects() {
     use cudarc::driver::CudaContext;
@@ -1181,15 +1181,28 @@ fn run_refuses_unordered_context_objects() {
     let (o, lse) = (s.clone_dtoh(&ordered.o).unwrap(), s.clone_dtoh(&ordered.lse).unwrap());
     check("tensors of another managing context object", &spec, &o, &lse, &host.reference().unwrap());
 
-    // Capture in a tracking context.
+    // Capture in a tracking context: the decode and the append are refused, and record nothing.
+    let desc = PagedKvAppendDescriptor { batch_size: 3, paged_kv: host.desc.paged_kv };
+    let append = PagedKvAppendPlan::<f16>::select(s, &desc, PlanPreference::default()).unwrap();
+    let token = s.clone_htod(&vec![f16::ONE; 3 * 4 * 128]).unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    let refused = {
+    let decode_refused = {
         let (mut args, mut ws) = mine.args_and_workspace();
         plan.run(s, &mut ws, &mut args)
     };
+    let append_refused = append.run(s, &mut Workspace::none(), &mut mine.append_args(&token, &token));
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap();
-    assert!(matches!(refused, Err(Error::CaptureWithTracking)), "capture with tracking: got {refused:?}");
-    drop(graph);
+    for (what, r) in [("decode", decode_refused), ("append", append_refused)] {
+        assert!(matches!(r, Err(Error::CaptureWithTracking)), "{what} captured with tracking: got {r:?}");
+    }
+    if let Some(graph) = graph {
+        let mut nodes = 0usize;
+        // SAFETY: `graph` owns a live graph; a null node array asks for the count alone.
+        unsafe { cudarc::driver::sys::cuGraphGetNodes(graph.cu_graph(), std::ptr::null_mut(), &mut nodes) }
+            .result()
+            .unwrap();
+        assert_eq!(nodes, 0, "the refused runs recorded work");
+    }
     let (o, lse) = run_decode(&dev, &plan, &mut mine);
     check("after the refused capture", &spec, &o, &lse, &host.reference().unwrap());
     lone_stream.synchronize().unwrap();
@@ -1243,8 +1256,9 @@ fn checked_run_under_capture_is_refused() {
 }
 
 /// With `checked: true` the append plan rejects every table its contract forbids (a request with
-/// no page, `last_page_len == 0` on a request with pages, two requests appending to one slot)
-/// and writes nothing; the unchecked plan runs on them without faulting.
+/// no page, `last_page_len == 0` on a request with pages, two requests appending to one slot, to
+/// two slots of one page, or to a page another request fills) and writes nothing; the
+/// unchecked plan runs on them without faulting.
 #[test]
 fn checked_append_rejects_tables_that_lose_tokens() {
     let Some(dev) = device("checked_append_rejects_tables_that_lose_tokens") else { return };

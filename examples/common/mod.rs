@@ -54,7 +54,7 @@ pub fn open_device(example: &str) -> Result<Option<Device>, Error> {
 }
 
 /// [`open_device`] without cudarc's cross-stream event tracking, which CUDA graph capture needs
-/// (with it, the capturing stream would wait on events recorded before the capture).
+/// (with it, a plan's `run` on a capturing stream is refused: `Error::CaptureWithTracking`).
 ///
 /// # Safety
 /// The caller issues all work on the device's one stream, and keeps every buffer a captured

@@ -177,8 +177,8 @@ pub struct Timing {
 /// Times `plan` on `dev`: `calls` runs captured in one CUDA graph, median of `replays` replays.
 ///
 /// Capture needs a device opened with [`Device::open_untracked`]; with event tracking on, the
-/// capture is invalidated and this returns the driver's error. The graph is dropped before this
-/// returns, so the buffers it captured outlive it.
+/// plan refuses the captured runs (`Error::CaptureWithTracking`) and this returns that error.
+/// The graph is dropped before this returns, so the buffers it captured outlive it.
 pub fn time_plan<T: Element, C: ProblemCache>(
     device: &Device,
     plan: &BatchPagedDecodePlan<T, C>,

@@ -342,9 +342,10 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     ///
     /// Unchecked, the kernel trusts the table as far as the append contract goes but never
     /// writes outside the store: it skips a request with no page, with `last_page_len` outside
-    /// `[1, page_size]` or with a last page id outside the store (its token is dropped), and two
+    /// `[1, page_size]` or with a last page id outside the store (its token is dropped), two
     /// requests appending to the same slot race for it (the row ends up an unspecified mix of
-    /// their tokens' 16-byte pieces).
+    /// their tokens' 16-byte pieces), and an append page that appears elsewhere in the table is
+    /// written as the table says, over a token another reference to it counts.
     ///
     /// Refused as [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run) is: operands of
     /// another context ([`Error::WrongDevice`]) or of an unordered `CudaContext` object

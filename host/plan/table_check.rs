@@ -114,11 +114,12 @@ fn append_collisions(
 ) -> Result<()> {
     let page_size = kv.page_size as u64;
     shared_append_slot(slots, page_size)?;
+    // The request ranges and the page ids up to their end, which the kernel found inside
+    // `indices` (every request owns a page, so that is at least one); `last_page_len` is not read.
     let indptr = stream.clone_dtoh(&table.indptr.data)?;
-    let indices = stream.clone_dtoh(&table.indices.data)?;
-    let last_page_len = stream.clone_dtoh(&table.last_page_len.data)?;
-    let host =
-        crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &last_page_len };
+    let end = indptr.last().map_or(0, |&end| end.max(0) as usize);
+    let indices = if end == 0 { Vec::new() } else { stream.clone_dtoh(&table.indices.data.slice(..end))? };
+    let host = crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &[] };
     let targets: Vec<(usize, usize)> =
         slots.iter().map(|&row| ((row / page_size) as usize, (row % page_size) as usize)).collect();
     match crate::page_table::shared_append_page(host, &targets) {
