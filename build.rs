@@ -133,6 +133,7 @@ impl<'a> Kernels<'a> {
             arch: arch.into(),
             ptx_isa: PTX_ISA.into(),
             max_registers: params::MAX_REGISTERS_BY_PREFIX.iter().map(|&(p, n)| (p.into(), n)).collect(),
+            max_threads: params::MAX_THREADS_BY_PREFIX.iter().map(|&(p, n)| (p.into(), n)).collect(),
         };
         build.build(toolchain).unwrap_or_else(|e| fail(&e.to_string()))
     }

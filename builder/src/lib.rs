@@ -71,6 +71,9 @@ pub struct PtxBuild {
     /// Register limits: entries whose name starts with the prefix get `.maxnreg N` (what
     /// `__launch_bounds__` or `__maxnreg__` give a CUDA C kernel).
     pub max_registers: Vec<(String, u32)>,
+    /// Block-size bounds: entries whose name starts with the prefix get `.maxntid N, 1, 1` (what
+    /// `__launch_bounds__(N)` gives a CUDA C kernel).
+    pub max_threads: Vec<(String, u32)>,
 }
 
 impl PtxBuild {
@@ -78,7 +81,11 @@ impl PtxBuild {
     pub fn build(&self, toolchain: &Toolchain) -> Result<String> {
         let bitcode = self.compile_bitcode(toolchain)?;
         let ptx = link::link_to_ptx(toolchain, &bitcode, &self.target_dir, &self.arch, &self.ptx_isa)?;
-        Ok(link::limit_registers(&ptx, &self.max_registers))
+        let directives =
+            self.max_registers.iter().map(|(prefix, n)| (prefix.clone(), format!(".maxnreg {n}")));
+        let bounds =
+            self.max_threads.iter().map(|(prefix, n)| (prefix.clone(), format!(".maxntid {n}, 1, 1")));
+        Ok(link::entry_directives(&ptx, &directives.chain(bounds).collect::<Vec<_>>()))
     }
 
     fn compile_bitcode(&self, toolchain: &Toolchain) -> Result<link::KernelBitcode> {

@@ -136,22 +136,29 @@ fn kernel_entries(tc: &Toolchain, kernel_bc: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Adds `.maxnreg N` to every entry whose name starts with one of `limits`' prefixes: the
-/// directive goes between the entry's parameter list and its body.
-pub fn limit_registers(ptx: &str, limits: &[(String, u32)]) -> String {
-    let mut out = String::with_capacity(ptx.len() + 64 * limits.len());
-    let mut pending: Option<u32> = None;
+/// Adds each of `directives`' performance-tuning directives (`.maxnreg 128`, `.maxntid 1024, 1,
+/// 1`) to every entry whose name starts with its prefix: they go between the entry's parameter
+/// list and its body, in the order given.
+pub fn entry_directives(ptx: &str, directives: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(ptx.len() + 64 * directives.len());
+    let mut pending: Vec<&str> = Vec::new();
     for line in ptx.split_inclusive('\n') {
         if let Some(name) = line
             .trim_start()
             .strip_prefix(".visible .entry ")
             .or_else(|| line.trim_start().strip_prefix(".entry "))
         {
-            pending = limits.iter().find(|(prefix, _)| name.starts_with(prefix.as_str())).map(|&(_, n)| n);
+            pending = directives
+                .iter()
+                .filter(|(prefix, _)| name.starts_with(prefix.as_str()))
+                .map(|(_, directive)| directive.as_str())
+                .collect();
         }
-        if let (Some(n), "{") = (pending, line.trim()) {
-            out.push_str(&format!(".maxnreg {n}\n"));
-            pending = None;
+        if line.trim() == "{" {
+            for directive in pending.drain(..) {
+                out.push_str(directive);
+                out.push('\n');
+            }
         }
         out.push_str(line);
     }
@@ -160,15 +167,22 @@ pub fn limit_registers(ptx: &str, limits: &[(String, u32)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{limit_registers, without_crate_disambiguators};
+    use super::{entry_directives, without_crate_disambiguators};
 
     #[test]
-    fn maxnreg_goes_between_the_parameters_and_the_body_of_matching_entries() {
-        let ptx = ".visible .entry lean_a(\n\t.param .u64 p\n)\n{\n\tret;\n}\n.visible .entry other(\n)\n{\n\tret;\n}\n";
-        let out = limit_registers(ptx, &[("lean_".into(), 128)]);
+    fn directives_go_between_the_parameters_and_the_body_of_matching_entries() {
+        let ptx = ".visible .entry lean_a(\n\t.param .u64 p\n)\n{\n\tret;\n}\n.visible .entry other(\n)\n{\n\tret;\n}\n\
+                   .visible .entry wide(\n)\n{\n\tret;\n}\n";
+        let directives = [
+            ("lean_".into(), ".maxnreg 128".into()),
+            ("wide".into(), ".maxntid 1024, 1, 1".into()),
+            ("lean_".into(), ".maxntid 128, 1, 1".into()),
+        ];
+        let out = entry_directives(ptx, &directives);
         assert_eq!(out.matches(".maxnreg 128").count(), 1);
-        assert!(out.contains(")\n.maxnreg 128\n{\n\tret;"));
+        assert!(out.contains(")\n.maxnreg 128\n.maxntid 128, 1, 1\n{\n\tret;"));
         assert!(out.contains(".visible .entry other(\n)\n{"));
+        assert!(out.contains(".visible .entry wide(\n)\n.maxntid 1024, 1, 1\n{"));
     }
 
     #[test]

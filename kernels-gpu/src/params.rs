@@ -358,6 +358,10 @@ impl MmaTiling {
 pub const PARTITION_CACHED_BATCH: u32 = 32;
 /// Threads of the schedule kernel's one CTA (see `schedule`).
 pub const SCHEDULE_THREADS: u32 = 1024;
+/// Block sizes the PTX build declares (`.maxntid`), by entry name prefix: an entry launched with
+/// more threads than the 128 of the others carries its bound, so that ptxas (and the driver's
+/// JIT) fit its registers to it rather than the launch failing for lack of them.
+pub const MAX_THREADS_BY_PREFIX: [(&str, u32); 1] = [("schedule_chunks", SCHEDULE_THREADS)];
 /// Dynamic shared memory of the schedule kernel: six reduction slots of one u64 per warp.
 pub const SCHEDULE_SMEM_BYTES: u32 = 6 * (SCHEDULE_THREADS / 32) * 8;
 /// Bytes of the item map for `num_chunks` items: a two-word header, then two words per item.
