@@ -10,13 +10,12 @@ usage: bench.py SHAPES.json [--out FI.json] [--check]
 FI.json: [{name, bytes, cuda_core_us, tensor_core_us, best_us, [*_relerr], [*_error]}]
 """
 import argparse
-import json
 import sys
 
 import torch
 import flashinfer
 
-from common import DEV, Problem, graph_time_us, load_shapes
+from common import DEV, Problem, graph_time_us, load_shapes, save_rows
 
 
 def time_path(problem, tensor_cores, check):
@@ -50,7 +49,14 @@ def main():
     fmt = lambda t: f"{t:10.1f}" if t is not None else "      FAIL"
     results = []
     for i, shape in enumerate(load_shapes(args.shapes)):
-        problem = Problem(shape, seed=1000 + i)
+        try:
+            problem = Problem(shape, seed=1000 + i)
+        except Exception as ex:  # a row whose data cannot be made is reported, not fatal
+            row = {"name": shape["name"], "best_us": None, "error": repr(ex)[:300]}
+            results.append(row)
+            print(f"{shape['name']:30s} error: {row['error']}", flush=True)
+            save_rows(results, args.out)
+            continue
         row = {"name": shape["name"], "bytes": problem.bytes_read()}
         for tensor_cores in (False, True):
             row.update(time_path(problem, tensor_cores, args.check))
@@ -60,8 +66,7 @@ def main():
         tb_s = row["bytes"] / (row["best_us"] * 1e-6) / 1e12 if row["best_us"] else float("nan")
         print(f"{shape['name']:30s} {row['bytes'] / 1e6:8.1f} {fmt(row['cuda_core_us']):>13s} "
               f"{fmt(row['tensor_core_us']):>15s} {tb_s:10.2f}", flush=True)
-    if args.out:
-        json.dump(results, open(args.out, "w"), indent=1)
+        save_rows(results, args.out)
 
 
 if __name__ == "__main__":

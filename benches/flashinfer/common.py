@@ -11,6 +11,7 @@ tanh(logits / cap)), "window_left": int (attend to the last window_left + 1 toke
 """
 import json
 import math
+import os
 
 import torch
 
@@ -19,6 +20,15 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 KV_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 CALLS_PER_GRAPH = 20
 REPLAYS = 15
+
+
+def save_rows(rows, path):
+    """Writes the rows measured so far to `path` whole or not at all (a temporary file renamed over
+    it): a run stopped part-way leaves them."""
+    if path:
+        with open(path + ".partial", "w") as f:
+            json.dump(rows, f, indent=1)
+        os.replace(path + ".partial", path)
 
 
 def load_shapes(path):

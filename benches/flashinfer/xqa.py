@@ -9,14 +9,13 @@ usage: xqa.py SHAPES.json [--out XQA.json] [--only NAME,NAME]
 XQA.json: [{name, bytes, xqa_us, xqa_relerr | xqa_error}]
 """
 import argparse
-import json
 import math
 import sys
 
 import torch
 from flashinfer.decode import trtllm_batch_decode_with_kv_cache
 
-from common import DEV, Problem, graph_time_us, load_shapes
+from common import DEV, Problem, graph_time_us, load_shapes, save_rows
 
 
 def block_table(problem):
@@ -56,12 +55,14 @@ def main():
     for i, shape in enumerate(load_shapes(args.shapes)):  # seeds follow the table row, as in bench.py
         if only and shape["name"] not in only:
             continue
-        problem = Problem(shape, seed=1000 + i)
-        row = {"name": shape["name"], "bytes": problem.bytes_read(), **time_xqa(problem)}
+        try:
+            problem = Problem(shape, seed=1000 + i)
+            row = {"name": shape["name"], "bytes": problem.bytes_read(), **time_xqa(problem)}
+        except Exception as ex:  # a row whose data cannot be made is reported, not fatal
+            row = {"name": shape["name"], "xqa_us": None, "xqa_error": repr(ex)[:300]}
         results.append(row)
         print(shape["name"], row, flush=True)
-    if args.out:
-        json.dump(results, open(args.out, "w"), indent=1)
+        save_rows(results, args.out)
 
 
 if __name__ == "__main__":

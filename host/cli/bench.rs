@@ -337,7 +337,10 @@ fn launch_mode(pref: &PlanPreference) -> &'static str {
 
 /// Reads the shape table, benchmarks every row and writes the JSON and the plot.
 pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    let shapes: Vec<Shape> = serde_json::from_str(&std::fs::read_to_string(&opts.shapes)?)?;
+    let text = std::fs::read_to_string(&opts.shapes)
+        .map_err(|e| format!("cannot read the shape table {}: {e}", opts.shapes.display()))?;
+    let shapes: Vec<Shape> =
+        serde_json::from_str(&text).map_err(|e| format!("shape table {}: {e}", opts.shapes.display()))?;
     // SAFETY: the benchmark issues all work on `device.stream` alone (one stream orders every use
     // and free), and each captured graph is dropped before the buffers it uses.
     let device = match unsafe { Device::open_untracked(0) } {
@@ -370,23 +373,17 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         "{:<28} {:>10} {:>8} {:>8} {:>7} {:>11} {:>9} {:>10}",
         "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "path", "rel err"
     );
+    // Each row's result is saved as soon as it is measured, and a row that fails is reported and
+    // skipped: a run stopped part-way, or one bad row, leaves the rows measured so far.
     let mut rows = Vec::new();
+    let mut failed = Vec::new();
     for shape in &shapes {
-        let (check, slack) = (opts.check, opts.indices_slack);
-        let row = match (shape.dtype.as_str(), shape.kv_dtype.as_deref()) {
-            ("f16", None) => bench_shape::<f16, f16>(&device, shape, ceiling, check, pref, slack)?,
-            ("bf16", None) => bench_shape::<bf16, bf16>(&device, shape, ceiling, check, pref, slack)?,
-            ("f32", None) => bench_shape::<f32, f32>(&device, shape, ceiling, check, pref, slack)?,
-            ("f16", Some("e4m3")) => bench_shape::<f16, F8E4M3>(&device, shape, ceiling, check, pref, slack)?,
-            ("bf16", Some("e4m3")) => {
-                bench_shape::<bf16, F8E4M3>(&device, shape, ceiling, check, pref, slack)?
-            }
-            ("f16", Some("e5m2")) => bench_shape::<f16, F8E5M2>(&device, shape, ceiling, check, pref, slack)?,
-            ("bf16", Some("e5m2")) => {
-                bench_shape::<bf16, F8E5M2>(&device, shape, ceiling, check, pref, slack)?
-            }
-            (q, kv) => {
-                return Err(format!("{}: unsupported dtype {q} with kv_dtype {kv:?}", shape.name).into());
+        let row = match bench_row(&device, shape, ceiling, opts, pref) {
+            Ok(row) => row,
+            Err(e) => {
+                println!("{:<28} error: {e}", shape.name);
+                failed.push(shape.name.clone());
+                continue;
             }
         };
         println!(
@@ -401,13 +398,53 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
             row.max_rel_err.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "-".into())
         );
         rows.push(row);
+        if let Some(path) = &opts.json {
+            write_rows(path, &rows)?;
+        }
     }
     if let Some(path) = &opts.json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+        write_rows(path, &rows)?;
     }
     if let Some(path) = &opts.plot {
         plot(path, &rows, ceiling)?;
     }
+    if !failed.is_empty() {
+        return Err(format!("{} of {} rows failed: {}", failed.len(), shapes.len(), failed.join(", ")).into());
+    }
+    Ok(())
+}
+
+/// One row of the table, of the element types it names.
+fn bench_row(
+    device: &Device,
+    shape: &Shape,
+    ceiling: f64,
+    opts: &BenchOptions,
+    pref: PlanPreference,
+) -> std::result::Result<BenchRow, Box<dyn std::error::Error>> {
+    let (check, slack) = (opts.check, opts.indices_slack);
+    Ok(match (shape.dtype.as_str(), shape.kv_dtype.as_deref()) {
+        ("f16", None) => bench_shape::<f16, f16>(device, shape, ceiling, check, pref, slack)?,
+        ("bf16", None) => bench_shape::<bf16, bf16>(device, shape, ceiling, check, pref, slack)?,
+        ("f32", None) => bench_shape::<f32, f32>(device, shape, ceiling, check, pref, slack)?,
+        ("f16", Some("e4m3")) => bench_shape::<f16, F8E4M3>(device, shape, ceiling, check, pref, slack)?,
+        ("bf16", Some("e4m3")) => bench_shape::<bf16, F8E4M3>(device, shape, ceiling, check, pref, slack)?,
+        ("f16", Some("e5m2")) => bench_shape::<f16, F8E5M2>(device, shape, ceiling, check, pref, slack)?,
+        ("bf16", Some("e5m2")) => bench_shape::<bf16, F8E5M2>(device, shape, ceiling, check, pref, slack)?,
+        (q, kv) => return Err(format!("unsupported dtype {q} with kv_dtype {kv:?}").into()),
+    })
+}
+
+/// Writes `rows` to `path` whole or not at all (a temporary file renamed over it), so that a run
+/// stopped while writing leaves the previous rows.
+fn write_rows(
+    path: &std::path::Path,
+    rows: &[BenchRow],
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, serde_json::to_string_pretty(rows)?)?;
+    std::fs::rename(&partial, path)?;
     Ok(())
 }
 
