@@ -383,6 +383,12 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
             Err(e) => {
                 println!("{:<28} error: {e}", shape.name);
                 failed.push(shape.name.clone());
+                // A launch error can leave the context unusable: then the rows left would each
+                // fill their stores on the host only to fail at the upload.
+                if let Err(sticky) = device.stream.synchronize() {
+                    println!("the context is unusable after that error ({sticky}): stopping");
+                    break;
+                }
                 continue;
             }
         };

@@ -11,12 +11,13 @@ use crate::bench::{BenchRow, Shape};
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// One FlashInfer result row (the anchor harness's JSON): its better path's time and the bytes
-/// it counts, which are ours too.
+/// it counts, which are ours too; a row whose data could not be made has neither.
 #[derive(Debug, Clone, Deserialize)]
 struct AnchorRow {
     name: String,
     best_us: Option<f64>,
-    bytes: f64,
+    #[serde(default)]
+    bytes: Option<f64>,
 }
 
 /// One grid point: batch, length, and each side's µs per call and TB/s.
@@ -41,7 +42,7 @@ fn grid(shapes: &[Shape], ours: &[BenchRow], anchor: &[AnchorRow]) -> BTreeMap<(
         }
         if let Some(r) = anchor.iter().find(|r| r.name == s.name) {
             p.anchor_us = r.best_us;
-            p.anchor_tb_s = r.best_us.map(|us| r.bytes / (us * 1e-6) / 1e12);
+            p.anchor_tb_s = r.best_us.zip(r.bytes).map(|(us, bytes)| bytes / (us * 1e-6) / 1e12);
         }
         points.insert((len, s.batch()), p);
     }
