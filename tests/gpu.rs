@@ -425,17 +425,19 @@ fn stacked_case<T: Element + ProblemCache, C: ProblemCache>(
     name: &str,
     spec: &ProblemSpec,
     max_heads: Option<u32>,
+    base: PlanPreference,
 ) {
     let host = HostProblem::<T, C>::random(spec).unwrap();
     let r = host.reference().unwrap();
     let select = |max_stacked_kv_heads| {
-        let pref = PlanPreference { max_stacked_kv_heads, ..PlanPreference::default() };
+        let pref = PlanPreference { max_stacked_kv_heads, ..base };
         BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, pref).unwrap()
     };
     let (stacked, single) = (select(max_heads), select(Some(1)));
     let n = host.indices.len();
     let heads = stacked.stacked_kv_heads(n);
-    let what = format!("{name} {:?}/{:?}: {heads} KV heads per CTA", T::KIND, C::CACHE_KIND);
+    let build = if base.allow_sm90a { "" } else { " (portable build)" };
+    let what = format!("{name}{build} {:?}/{:?}: {heads} KV heads per CTA", T::KIND, C::CACHE_KIND);
     assert!(stacked.path(n) == DecodePath::Lean && heads > 1, "{what}: expected stacked lean CTAs");
     if let Some(max) = max_heads {
         assert_eq!(heads, max, "{what}: expected {max} KV heads per CTA");
@@ -466,9 +468,12 @@ fn decode_stacked_kv_heads() {
     // (name, lengths, query heads, KV heads, head_dim, page size): groups 1, 2, 4 and 8, ragged
     // lengths with empty and 1-token requests, page sizes 1, 5 and 16; then each stack count
     // (one lean entry each over a 16-bit cache) forced by the preference, at most that many KV
-    // heads per CTA (`lean_stacking_reaches_every_entry` checks the rule picks it on an H200).
+    // heads per CTA (`lean_stacking_reaches_every_entry` checks the rule picks it on an H200), at
+    // head_dim 64 and 128; then groups of 3 and 5 (a row's head through the group reciprocal).
+    // The forced stack counts run on the portable build too (`allow_sm90a: false`: its own lean
+    // entries, one per count).
     let ragged = |batch: usize, max: usize, step: usize| (0..batch).map(|i| (i * step) % (max + 1)).collect();
-    let every_count = || with_lens(vec![16; 4096], 16, 16, 64, 16);
+    let every_count = |d| with_lens(vec![16; 4096], 16, 16, d, 16);
     // The smallest first: `PAGED_DECODE_STACKED_CASES` runs only the first few (the sanitizers).
     let cases: Vec<(&str, ProblemSpec, Option<u32>)> = vec![
         ("group 4, d 64, L = 16", with_lens(vec![16; 1100], 16, 4, 64, 16), None),
@@ -476,20 +481,84 @@ fn decode_stacked_kv_heads() {
         ("group 1, d 64, page 1", with_lens(ragged(1200, 20, 3), 16, 16, 64, 1), None),
         ("group 2, d 128, page 5", with_lens(ragged(1500, 60, 11), 16, 8, 128, 5), None),
         ("group 8, d 64", with_lens(ragged(1600, 30, 13), 64, 8, 64, 16), None),
-        ("group 1, d 64, 2 heads per CTA", every_count(), Some(2)),
-        ("group 1, d 64, 4 heads per CTA", every_count(), Some(4)),
-        ("group 1, d 64, 8 heads per CTA", every_count(), Some(8)),
-        ("group 1, d 64, 16 heads per CTA", every_count(), Some(16)),
+        ("group 1, d 64, 2 heads per CTA", every_count(64), Some(2)),
+        ("group 1, d 64, 4 heads per CTA", every_count(64), Some(4)),
+        ("group 1, d 64, 8 heads per CTA", every_count(64), Some(8)),
+        ("group 1, d 64, 16 heads per CTA", every_count(64), Some(16)),
+        ("group 1, d 128, 2 heads per CTA", every_count(128), Some(2)),
+        ("group 1, d 128, 4 heads per CTA", every_count(128), Some(4)),
+        ("group 1, d 128, 8 heads per CTA", every_count(128), Some(8)),
+        ("group 1, d 128, 16 heads per CTA", every_count(128), Some(16)),
+        ("group 3, d 128", with_lens(ragged(2048, 20, 7), 24, 8, 128, 16), None),
+        ("group 5, d 64", with_lens(ragged(2048, 20, 7), 10, 2, 64, 16), None),
     ];
     let count: usize = problem::env_number("PAGED_DECODE_STACKED_CASES", cases.len());
+    let portable = PlanPreference { allow_sm90a: false, ..PlanPreference::default() };
     for (i, (name, spec, max_heads)) in cases.into_iter().take(count).enumerate() {
         let spec = ProblemSpec { seed: 7000 + i as u64, sm_scale: 0.09, ..spec };
-        stacked_case::<f16, f16>(&dev, name, &spec, max_heads);
-        stacked_case::<bf16, bf16>(&dev, name, &spec, max_heads);
-        if runs_fp8(&dev, "decode_stacked_kv_heads (8-bit caches)") {
-            stacked_case::<f16, F8E4M3>(&dev, name, &spec, max_heads);
-            stacked_case::<bf16, F8E5M2>(&dev, name, &spec, max_heads);
+        let builds: &[PlanPreference] = if max_heads.is_some() {
+            &[PlanPreference::default(), portable]
+        } else {
+            &[PlanPreference::default()]
+        };
+        for &base in builds {
+            stacked_case::<f16, f16>(&dev, name, &spec, max_heads, base);
+            stacked_case::<bf16, bf16>(&dev, name, &spec, max_heads, base);
         }
+        if runs_fp8(&dev, "decode_stacked_kv_heads (8-bit caches)") {
+            stacked_case::<f16, F8E4M3>(&dev, name, &spec, max_heads, PlanPreference::default());
+            stacked_case::<bf16, F8E5M2>(&dev, name, &spec, max_heads, PlanPreference::default());
+        }
+    }
+}
+
+/// The unsplit entry of every element type and head_dim, over launches too large to guess (200
+/// ragged requests with empty and 1-token ones over 4 KV heads: 800 CTAs, whole requests forced):
+/// f16, bf16 and f32, and the four pairs of q type and 8-bit cache format.
+#[test]
+fn whole_entries_of_every_element_and_head_dim() {
+    let test = "whole_entries_of_every_element_and_head_dim";
+    let Some(dev) = device(test) else { return };
+    let whole = PlanPreference {
+        num_splits: Some(1),
+        spare_chunks: Some(0),
+        lean_max_avg_tokens: Some(0),
+        ..PlanPreference::default()
+    };
+    let fp8 = runs_fp8(&dev, test);
+    // `PAGED_DECODE_WHOLE_HEAD_DIMS` runs only the first few head_dims (racecheck).
+    let head_dims: usize = problem::env_number("PAGED_DECODE_WHOLE_HEAD_DIMS", 3);
+    for (i, d) in [64, 128, 256].into_iter().take(head_dims).enumerate() {
+        let spec = ProblemSpec {
+            seed: 7300 + i as u64,
+            ..with_lens((0..200).map(|r| (r * 37) % 301).collect(), 16, 4, d, 16)
+        };
+        let what = format!("whole requests, d {d}");
+        let mut paths = vec![];
+        fn one<T: Element + ProblemCache>(
+            dev: &Device,
+            what: &str,
+            spec: &ProblemSpec,
+            pref: PlanPreference,
+        ) -> DecodePath {
+            let host = HostProblem::<T>::random(spec).unwrap();
+            run_and_check(dev, what, &host, &host.reference().unwrap(), pref).2
+        }
+        paths.push(one::<f16>(&dev, &what, &spec, whole));
+        paths.push(one::<bf16>(&dev, &what, &spec, whole));
+        paths.push(one::<f32>(&dev, &what, &spec, whole));
+        if fp8 {
+            for pair in 0..4 {
+                paths.push(match prepare_fp8(pair, &spec) {
+                    PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, &h, &r, whole).1,
+                    PreparedFp8::BF16E4M3(h, r) => fp8_run_and_check(&dev, &what, &h, &r, whole).1,
+                    PreparedFp8::F16E5M2(h, r) => fp8_run_and_check(&dev, &what, &h, &r, whole).1,
+                    PreparedFp8::BF16E5M2(h, r) => fp8_run_and_check(&dev, &what, &h, &r, whole).1,
+                });
+            }
+        }
+        assert!(paths.iter().all(|&p| p == DecodePath::Whole), "{what}: paths {paths:?}");
+        println!("{what}: {} element types on the whole path", paths.len());
     }
 }
 

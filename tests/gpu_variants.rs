@@ -338,33 +338,37 @@ fn decode_variant_sweep() {
 
 /// One fixed case per (layout, variant) with every kernel path: whole, lean, split, scheduled,
 /// lean-scheduled.
+/// One explicit case: fresh random data of `spec` in `layout`, the variant, sinks of every kind
+/// (finite and `-inf`) when `sinks`, against the reference; the path it took.
+fn one<T: Element + ProblemCache>(
+    dev: &Device,
+    what: &str,
+    spec: &ProblemSpec,
+    layout: Layout,
+    variant: AttentionVariantDescriptor,
+    sinks: bool,
+    pref: PlanPreference,
+) -> DecodePath {
+    let host = HostProblem::<T>::random(spec).unwrap();
+    let sinks =
+        sinks.then(|| (0..spec.num_qo_heads).map(|h| [-2.0, 0.5, 3.0, f32::NEG_INFINITY][h % 4]).collect());
+    let case = Case { host, layout, variant, sinks };
+    let store = Store::new(layout, &case.host.desc.paged_kv, &case.host.k_data, &case.host.v_data);
+    let r = case.reference(&store);
+    let what = format!("{what}: {:?} {layout:?} {variant:?} sinks {}", T::KIND, case.sinks.is_some());
+    let (o, lse, path) = run_case(dev, &what, &case, &store, pref);
+    check(&format!("{what} [{}]", path.name()), &case.host.spec, &o, &lse, &r);
+    path
+}
+
+/// A spec of these request lengths, heads, head_dim and page size.
+fn spec(lens: Vec<usize>, hq: usize, hkv: usize, d: usize, page: usize) -> ProblemSpec {
+    ProblemSpec { lens, ..ProblemSpec::uniform(1, 0, hq, hkv, d, page) }
+}
+
 #[test]
 fn decode_variant_edge_cases() {
     let Some(dev) = device("decode_variant_edge_cases") else { return };
-    fn one<T: Element + ProblemCache>(
-        dev: &Device,
-        what: &str,
-        spec: &ProblemSpec,
-        layout: Layout,
-        variant: AttentionVariantDescriptor,
-        sinks: bool,
-        pref: PlanPreference,
-    ) -> DecodePath {
-        let host = HostProblem::<T>::random(spec).unwrap();
-        let sinks = sinks
-            .then(|| (0..spec.num_qo_heads).map(|h| [-2.0, 0.5, 3.0, f32::NEG_INFINITY][h % 4]).collect());
-        let case = Case { host, layout, variant, sinks };
-        let store = Store::new(layout, &case.host.desc.paged_kv, &case.host.k_data, &case.host.v_data);
-        let r = case.reference(&store);
-        let what = format!("{what}: {:?} {layout:?} {variant:?} sinks {}", T::KIND, case.sinks.is_some());
-        let (o, lse, path) = run_case(dev, &what, &case, &store, pref);
-        check(&format!("{what} [{}]", path.name()), &case.host.spec, &o, &lse, &r);
-        path
-    }
-    let spec = |lens: Vec<usize>, hq, hkv, d, page| ProblemSpec {
-        lens,
-        ..ProblemSpec::uniform(1, 0, hq, hkv, d, page)
-    };
     let cases: Vec<(&str, ProblemSpec, PlanPreference)> = vec![
         (
             "empty, 1-token and full requests",
@@ -453,6 +457,32 @@ fn decode_variant_edge_cases() {
         assert!(paths.contains(p.name()), "paths taken: {paths:?}");
     }
     println!("decode_variant_edge_cases: passed on paths {paths:?}");
+}
+
+/// The portable build (`allow_sm90a: false`) with the variants on the entries of its own that
+/// the sweeps reach rarely or never: the soft-capped unsplit tensor-core (head_dim 256) and
+/// CUDA-core (f32) entries, and a window with sinks on stacked lean CTAs.
+#[test]
+fn portable_build_variants() {
+    let Some(dev) = device("portable_build_variants") else { return };
+    let portable = PlanPreference { allow_sm90a: false, ..PlanPreference::default() };
+    let whole = PlanPreference { num_splits: Some(1), spare_chunks: Some(0), ..portable };
+    let capped = AttentionVariantDescriptor { logits_soft_cap: Some(30.0), window_left: None };
+    let windowed = AttentionVariantDescriptor { logits_soft_cap: None, window_left: Some(7) };
+    let mut paths = Vec::new();
+    let lens = || vec![0, 1, 300, 17];
+    let d256 = ProblemSpec { seed: 7400, ..spec(lens(), 16, 4, 256, 16) };
+    paths.push(one::<f16>(&dev, "portable, soft-cap, d 256", &d256, Layout::Hnd, capped, true, whole));
+    paths.push(one::<bf16>(&dev, "portable, soft-cap, d 256", &d256, Layout::Nhd, capped, false, whole));
+    let d128 = ProblemSpec { seed: 7401, ..spec(lens(), 32, 8, 128, 16) };
+    paths.push(one::<f32>(&dev, "portable, soft-cap, f32", &d128, Layout::Hnd, capped, true, whole));
+    let short = ProblemSpec { seed: 7402, ..spec((0..1200).map(|i| (i * 7) % 23).collect(), 16, 4, 128, 16) };
+    paths.push(one::<f16>(&dev, "portable, stacked lean", &short, Layout::Nhd, windowed, true, portable));
+    paths.push(one::<bf16>(&dev, "portable, stacked lean", &short, Layout::Hnd, windowed, true, portable));
+    let names: Vec<_> = paths.iter().map(|p| p.name()).collect();
+    assert_eq!(&names[..3], &["whole"; 3], "paths {names:?}");
+    assert_eq!(&names[3..], &["lean"; 2], "paths {names:?}");
+    println!("portable_build_variants: passed on paths {names:?}");
 }
 
 /// A window reads only its pages: pages before every request's window hold NaN, which any read
