@@ -218,7 +218,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         graph.launch()?;
         replays += 1;
 
-        append_on_host(&mut engine, &append_desc, &key, &value)?;
+        append_on_host(&mut engine, &append_desc, &table, &key, &value)?;
         if step % CHECK_EVERY == 0 {
             let err = check_step(&dev, &engine, &decode_desc, &table, &q, &buffers)?;
             println!(
@@ -301,22 +301,16 @@ fn capture_step(
     Ok(graph)
 }
 
-/// Applies this step's append to the host copy of the store (running requests only: the
-/// reference append rejects a request without pages, which the kernel skips).
+/// Applies this step's append to the host copy of the store, with the step's table (a free
+/// slot is a request without pages, which appends nothing).
 fn append_on_host(
     engine: &mut Engine,
     desc: &PagedKvAppendDescriptor,
+    table: &HostPageTable,
     key: &[f16],
     value: &[f16],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let running: Vec<usize> = (0..SLOTS).filter(|&s| engine.slots[s].is_some()).collect();
-    let rows = |data: &[f16]| -> Vec<f16> {
-        running.iter().flat_map(|&s| data[s * TOKEN_ELEMS..(s + 1) * TOKEN_ELEMS].iter().copied()).collect()
-    };
-    let table =
-        HostPageTable::of(running.iter().map(|&s| engine.slots[s].as_ref().map(|r| &r.seq)), PAGE_SIZE, 0);
-    let desc = PagedKvAppendDescriptor { batch_size: running.len() as i32, ..*desc };
-    reference::append(&desc, &rows(key), &rows(value), &mut engine.k_host, &mut engine.v_host, table.view())?;
+    reference::append(desc, key, value, &mut engine.k_host, &mut engine.v_host, table.view())?;
     Ok(())
 }
 

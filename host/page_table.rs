@@ -19,8 +19,10 @@
 //! Appending ([`validate_append_table`], [`crate::PagedKvAppendPlan`] with
 //! [`checked`](crate::PlanPreference::checked), [`crate::reference::append`]) needs the table
 //! advanced for the new token, so on top of the rules above (shared pages allowed):
-//! - every request owns at least one page (the token's page),
-//! - `last_page_len[b] ≥ 1` (the new token is counted: it goes to slot `last_page_len[b] - 1`),
+//! - a request without pages appends nothing (a free slot of a batch padded to a fixed size, as
+//!   a captured graph needs); its token rows are not read,
+//! - on a request with pages, `last_page_len[b] ≥ 1` (the new token is counted: it goes to slot
+//!   `last_page_len[b] - 1` of its last page),
 //! - no two requests append to the same slot of the same page,
 //! - and no request appends to a page that appears elsewhere in the table (in another request,
 //!   or earlier in its own): every other reference to the page counts the slot as a token, or
@@ -177,12 +179,13 @@ pub fn validate_append_table(
     append_slots(paged_kv, batch_size, table).map(|_| ())
 }
 
-/// The `(page, slot)` each request appends to, after [`validate_append_table`]'s checks.
+/// The `(page, slot)` each request appends to (`None`: no pages, nothing to append), after
+/// [`validate_append_table`]'s checks.
 pub(crate) fn append_slots(
     paged_kv: &PagedKvCacheDescriptor,
     batch_size: usize,
     table: PageTable<'_>,
-) -> Result<Vec<(usize, usize)>> {
+) -> Result<Vec<Option<(usize, usize)>>> {
     validate_page_table(paged_kv, batch_size, table, PageTableRules { allow_shared_pages: true })?;
     let mut slots = Vec::with_capacity(batch_size);
     // (page, slot) -> the first request appending there.
@@ -190,7 +193,8 @@ pub(crate) fn append_slots(
     for b in 0..batch_size {
         let (start, stop) = (table.indptr[b], table.indptr[b + 1]);
         if stop == start {
-            return Err(bad(no_page_message(b as u64)));
+            slots.push(None);
+            continue;
         }
         let last = table.last_page_len[b];
         if last < 1 {
@@ -201,7 +205,7 @@ pub(crate) fn append_slots(
         if let Some(a) = writers.insert(target, b) {
             return Err(bad(shared_slot_message(a as u64, b as u64, target.0 as u64, target.1 as u64)));
         }
-        slots.push(target);
+        slots.push(Some(target));
     }
     match shared_append_page(table, &slots) {
         Some(message) => Err(bad(message)),
@@ -211,16 +215,16 @@ pub(crate) fn append_slots(
 
 /// The append rule past the shared slots: no request appends to a page that appears elsewhere
 /// in the table. `targets[b]` is the `(page, slot)` request `b` appends to, its last page
-/// `indices[indptr[b + 1] - 1]`; the requests' ranges of `indices` are valid (`0 ≤ indptr[b] ≤
+/// `indices[indptr[b + 1] - 1]` (`None`: it has no pages and appends nothing); the requests' ranges of `indices` are valid (`0 ≤ indptr[b] ≤
 /// indptr[b + 1] ≤ indices.len()`); `last_page_len` is not read. Any other reference to an append page counts the appended
 /// slot as a token (a page before a request's last counts all `page_size`), or is another
 /// request's append page, and then one of the two counts the slot the other appends to.
 /// Returns the message of the first such reference, in table order.
-pub(crate) fn shared_append_page(table: PageTable<'_>, targets: &[(usize, usize)]) -> Option<String> {
+pub(crate) fn shared_append_page(table: PageTable<'_>, targets: &[Option<(usize, usize)>]) -> Option<String> {
     let batch = targets.len();
     // Append page -> (request, slot, its position in indices).
     let mut appended: HashMap<usize, (usize, usize, usize)> = HashMap::with_capacity(batch);
-    for (b, &(page, slot)) in targets.iter().enumerate() {
+    for (b, &(page, slot)) in targets.iter().enumerate().filter_map(|(b, t)| Some((b, t.as_ref()?))) {
         let position = table.indptr[b + 1] as usize - 1;
         appended.entry(page).or_insert((b, slot, position));
     }
@@ -235,11 +239,6 @@ pub(crate) fn shared_append_page(table: PageTable<'_>, targets: &[(usize, usize)
         }
     }
     None
-}
-
-/// Append rule: request `b` owns no page.
-pub(crate) fn no_page_message(b: u64) -> String {
-    format!("request {b} owns no page (indptr[{b}] = indptr[{}]); allocate its page before appending", b + 1)
 }
 
 /// Append rule: request `b` has pages but `last_page_len[b] = 0`.
@@ -425,12 +424,14 @@ mod tests {
     }
 
     #[test]
-    fn append_needs_a_page_a_counted_token_and_its_own_slot() {
+    fn append_needs_a_counted_token_and_its_own_slot() {
         let d = kv(4, 8);
         // Request 0 appends to slot 1 of page 3, request 1 to slot 1 of page 3 too.
         let shared_slot = table(&[0, 1, 2], &[3, 3], &[2, 2]);
+        // A request without pages appends nothing, whatever its last_page_len.
+        validate_append_table(&d, 2, table(&[0, 1, 1], &[0], &[1, 0])).unwrap();
+        validate_append_table(&d, 2, table(&[0, 0, 1], &[0], &[4, 1])).unwrap();
         let cases = [
-            (table(&[0, 1, 1], &[0], &[1, 1]), "request 1 owns no page"),
             (table(&[0, 1, 2], &[0, 1], &[0, 1]), "last_page_len[0] = 0"),
             (shared_slot, "requests 0 and 1 both append to slot 1 of page 3"),
         ];

@@ -439,12 +439,13 @@ fn decode_store<T: Element>(
 /// `batch_size ≥ 0`, `num_kv_heads`, `head_dim`, `page_size ≥ 1`, `num_total_pages ≥ 0`,
 /// `key.len() == value.len() == batch · num_kv_heads · head_dim` and the store lengths of
 /// [`decode`]. The page table must pass [`validate_append_table`](crate::page_table::validate_append_table)
-/// (reported as [`Error::InvalidPageTable`]): every request owns at least one page, has
-/// `last_page_len[b] ≥ 1`, no two requests write the same slot of the same page, and the page a
-/// request writes appears nowhere else in the table.
+/// (reported as [`Error::InvalidPageTable`]): every request with pages has `last_page_len[b] ≥
+/// 1`, no two requests write the same slot of the same page, and the page a request writes
+/// appears nowhere else in the table. A request without pages appends nothing (its rows of
+/// `key` and `value` are not read).
 ///
-/// The unchecked GPU kernel does not fail on such a table: it skips a request with no page or
-/// with `last_page_len` outside `[1, page_size]`, two requests sharing a slot race for it, and a
+/// The unchecked GPU kernel does not fail on such a table: it skips a request with
+/// `last_page_len` outside `[1, page_size]`, two requests sharing a slot race for it, and a
 /// shared append page is written over a token another reference counts. This reference, like
 /// the checked plan, rejects it instead.
 ///
@@ -512,7 +513,8 @@ fn append_rows(
     check_len("value", value_len, token_len, shape)?;
     let head_stride = g.page_size * d;
     let mut rows = Vec::with_capacity(batch * g.kv_heads);
-    for (b, (page, slot)) in append_slots(&desc.paged_kv, batch, table)?.into_iter().enumerate() {
+    let slots = append_slots(&desc.paged_kv, batch, table)?;
+    for (b, (page, slot)) in slots.into_iter().enumerate().filter_map(|(b, s)| Some((b, s?))) {
         let base = g.row(page, 0, slot);
         for h in 0..g.kv_heads {
             let (src, dst) = ((b * g.kv_heads + h) * d, base + h * head_stride);

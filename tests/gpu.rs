@@ -1324,10 +1324,10 @@ fn checked_run_under_capture_is_refused() {
     println!("checked decode and append runs under capture: CheckedUnderCapture");
 }
 
-/// With `checked: true` the append plan rejects every table its contract forbids (a request with
-/// no page, `last_page_len == 0` on a request with pages, two requests appending to one slot, to
-/// two slots of one page, or to a page another request fills) and writes nothing; the
-/// unchecked plan runs on them without faulting.
+/// With `checked: true` the append plan rejects every table its contract forbids
+/// (`last_page_len == 0` on a request with pages, two requests appending to one slot, to two
+/// slots of one page, or to a page another request fills) and writes nothing; the unchecked
+/// plan runs on them without faulting. A request without pages appends nothing.
 #[test]
 fn checked_append_rejects_tables_that_lose_tokens() {
     let Some(dev) = device("checked_append_rejects_tables_that_lose_tokens") else { return };
@@ -1345,9 +1345,6 @@ fn checked_append_rejects_tables_that_lose_tokens() {
     let token_d = s.clone_htod(&token).unwrap();
     let last_page = |h: &HostProblem<f16>, b: usize| h.indptr[b + 1] as usize - 1;
     let mut corruptions: Vec<(&str, &str, HostProblem<f16>)> = Vec::new();
-    let mut h = good.clone();
-    h.indptr[2] = h.indptr[1]; // request 1 owns no page; request 2 takes its pages
-    corruptions.push(("request without a page", "request 1 owns no page", h));
     let mut h = good.clone();
     h.last_page_len[3] = 0;
     corruptions.push(("uncounted token", "last_page_len[3] = 0", h));
@@ -1393,17 +1390,22 @@ fn checked_append_rejects_tables_that_lose_tokens() {
         fast.run(s, &mut Workspace::none(), &mut args).unwrap();
         s.synchronize().unwrap();
     }
-    // A valid table passes the check and matches the reference.
-    let (mut k_ref, mut v_ref) = (good.k_data.clone(), good.v_data.clone());
-    paged_decode::reference::append(&desc, &token, &token, &mut k_ref, &mut v_ref, good.page_table())
-        .unwrap();
-    let mut buf = DeviceProblem::upload(s, &good, 0).unwrap();
-    {
-        let mut args = buf.append_args(&token_d, &token_d);
-        plan.run(s, &mut Workspace::none(), &mut args).unwrap();
+    // Valid tables pass the check and match the reference: the table as built, and one whose
+    // request 1 has no pages (a free slot: it appends nothing; request 2 takes its pages).
+    let mut with_free_slot = good.clone();
+    with_free_slot.indptr[2] = with_free_slot.indptr[1];
+    for (name, table) in [("valid table", &good), ("valid table with a free slot", &with_free_slot)] {
+        let (mut k_ref, mut v_ref) = (table.k_data.clone(), table.v_data.clone());
+        paged_decode::reference::append(&desc, &token, &token, &mut k_ref, &mut v_ref, table.page_table())
+            .unwrap();
+        let mut buf = DeviceProblem::upload(s, table, 0).unwrap();
+        {
+            let mut args = buf.append_args(&token_d, &token_d);
+            plan.run(s, &mut Workspace::none(), &mut args).unwrap();
+        }
+        assert_eq!(checksum(&s.clone_dtoh(&buf.k_data).unwrap()), checksum(&k_ref), "{name}: K");
+        assert_eq!(checksum(&s.clone_dtoh(&buf.v_data).unwrap()), checksum(&v_ref), "{name}: V");
     }
-    assert_eq!(checksum(&s.clone_dtoh(&buf.k_data).unwrap()), checksum(&k_ref));
-    assert_eq!(checksum(&s.clone_dtoh(&buf.v_data).unwrap()), checksum(&v_ref));
 }
 
 /// `Device::open` keeps cudarc's event tracking on, so a decode on a second stream that reads

@@ -457,7 +457,18 @@ fn append_rejects_unadvanced_or_conflicting_tables() {
         other => panic!("expected InvalidPageTable, got {other:?}"),
     };
     try_append(&[0, 1, 2], &[0, 1], &[1, 4]).unwrap();
-    table_err(try_append(&[0, 1, 1], &[0], &[1, 1]), "request 1 owns no page");
+    // A request without pages appends nothing, whatever its last_page_len: request 0's token
+    // alone lands (slot 2 of page 3), and request 1's rows are not read.
+    let mut nan_tok = tok.clone();
+    nan_tok[hkv * d..].fill(f32::NAN);
+    let (mut k, mut v) = (k0.clone(), k0.clone());
+    let t = PageTable { indptr: &[0, 1, 1], indices: &[3], last_page_len: &[3, 0] };
+    append(&desc, &nan_tok, &nan_tok, &mut k, &mut v, t).unwrap();
+    let row = (3 * hkv * ps + 2) * d;
+    for (i, (&got, &was)) in k.iter().zip(&k0).enumerate() {
+        assert_eq!(got, if (row..row + d).contains(&i) { 1.0 } else { was }, "k[{i}]");
+    }
+    assert!(v == k);
     table_err(try_append(&[0, 1, 2], &[0, 1], &[0, 1]), "last_page_len[0] = 0");
     table_err(try_append(&[0, 1, 2], &[3, 3], &[2, 2]), "slot 1 of page 3");
     // Same page, different slots: request 1 counts slot 0, which request 0 writes.
@@ -760,12 +771,14 @@ fn invalid_tables_are_typed_errors() {
     let err = decode(&wrong_kind, &q, &cache.k, &cache.v, cache.table()).unwrap_err();
     assert!(matches!(err, Error::InvalidProblem(_)), "{err}");
 
-    // Appending without advancing the table: request 1 owns no page.
+    // Appending to a table that does not count the new token: request 0 has pages and
+    // last_page_len 0 (request 1, without pages, would append nothing).
     let append_desc = PagedKvAppendDescriptor { batch_size: 2, paged_kv: cache.kv };
     let tok: Vec<f16> = random_values(&mut rng, 2 * hkv * d, 2.0);
     let (mut k, mut v) = (cache.k.clone(), cache.v.clone());
-    let err = append(&append_desc, &tok, &tok, &mut k, &mut v, cache.table()).unwrap_err();
-    assert!(matches!(err, Error::InvalidPageTable(ref m) if m.contains("request 1")), "{err}");
+    let t = PageTable { last_page_len: &[0, 0], ..cache.table() };
+    let err = append(&append_desc, &tok, &tok, &mut k, &mut v, t).unwrap_err();
+    assert!(matches!(err, Error::InvalidPageTable(ref m) if m.contains("last_page_len[0] = 0")), "{err}");
     assert!(k == cache.k && v == cache.v);
 }
 

@@ -124,8 +124,10 @@ impl PagedKvAppendArgsLayout {
 ///
 /// Convention: the caller advances the page table *before* `run` — allocates a new page when
 /// the request's last page is full and increments `last_page_len[b]` — so the token lands in
-/// slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
-/// with `last_page_len[b]` outside `[1, page_size]` are left untouched.
+/// slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. A request without pages
+/// appends nothing (a free slot of a batch padded to a fixed size, as a captured graph needs);
+/// one with `last_page_len[b]` outside `[1, page_size]` breaks the contract and is left
+/// untouched too.
 ///
 /// Tokens of type `T` go into a store of `C`: the same type (a copy; 8-bit codes included), or
 /// f16 / bf16 tokens quantized into an 8-bit store ([`float8::F8E4M3`], [`float8::F8E5M2`]; sm_90
@@ -320,9 +322,9 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     }
 
     /// Validates the device page table of `args` against the append contract (see
-    /// [`crate::page_table`]: every request owns a page, `last_page_len ∈ [1, page_size]`, no two
+    /// [`crate::page_table`]: `last_page_len ∈ [1, page_size]` on every request with pages, no two
     /// requests append to the same slot, and the page a request appends to appears once in the
-    /// table) on the GPU, the last two rules on the host from a copy of the table; synchronizes
+    /// table; a request without pages appends nothing) on the GPU, the last two rules on the host from a copy of the table; synchronizes
     /// `stream` and reports the first violation as [`Error::InvalidPageTable`]. Refused with
     /// [`Error::CheckedUnderCapture`] while `stream` is being captured into a graph.
     pub fn check_page_table(
@@ -341,7 +343,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     /// nothing when it fails).
     ///
     /// Unchecked, the kernel trusts the table as far as the append contract goes but never
-    /// writes outside the store: it skips a request with no page, with `last_page_len` outside
+    /// writes outside the store: it skips a request with no page (as the contract says), with `last_page_len` outside
     /// `[1, page_size]` or with a last page id outside the store (its token is dropped), two
     /// requests appending to the same slot race for it (the row ends up an unspecified mix of
     /// their tokens' 16-byte pieces), and an append page that appears elsewhere in the table is

@@ -95,7 +95,6 @@ pub(super) fn check_on_device(
         params::check_code::PAGE_OUT_OF_RANGE => {
             format!("a page id of request {request} lies outside [0, {})", kv.num_total_pages)
         }
-        params::check_code::NO_PAGE => crate::page_table::no_page_message(request),
         params::check_code::LAST_PAGE_EMPTY => crate::page_table::last_page_empty_message(request),
         _ => format!("unknown violation code {code} at request {request}"),
     };
@@ -115,13 +114,17 @@ fn append_collisions(
     let page_size = kv.page_size as u64;
     shared_append_slot(slots, page_size)?;
     // The request ranges and the page ids up to their end, which the kernel found inside
-    // `indices` (every request owns a page, so that is at least one); `last_page_len` is not read.
+    // `indices`; `last_page_len` is not read.
     let indptr = stream.clone_dtoh(&table.indptr.data)?;
     let end = indptr.last().map_or(0, |&end| end.max(0) as usize);
     let indices = if end == 0 { Vec::new() } else { stream.clone_dtoh(&table.indices.data.slice(..end))? };
     let host = crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &[] };
-    let targets: Vec<(usize, usize)> =
-        slots.iter().map(|&row| ((row / page_size) as usize, (row % page_size) as usize)).collect();
+    let targets: Vec<Option<(usize, usize)>> = slots
+        .iter()
+        .map(|&row| {
+            (row != params::NO_APPEND_SLOT).then(|| ((row / page_size) as usize, (row % page_size) as usize))
+        })
+        .collect();
     match crate::page_table::shared_append_page(host, &targets) {
         Some(message) => Err(Error::InvalidPageTable(message)),
         None => Ok(()),
@@ -129,10 +132,11 @@ fn append_collisions(
 }
 
 /// [`Error::InvalidPageTable`] naming the first request whose append slot (a store row,
-/// `page × page_size + slot`) an earlier request already takes.
+/// `page × page_size + slot`) an earlier request already takes; requests without pages
+/// ([`params::NO_APPEND_SLOT`]) append nothing.
 fn shared_append_slot(slots: &[u64], page_size: u64) -> Result<()> {
     let mut first_writer = std::collections::HashMap::with_capacity(slots.len());
-    for (b, &row) in slots.iter().enumerate() {
+    for (b, &row) in slots.iter().enumerate().filter(|&(_, &row)| row != params::NO_APPEND_SLOT) {
         if let Some(a) = first_writer.insert(row, b) {
             let (page, slot) = (row / page_size.max(1), row % page_size.max(1));
             let message = crate::page_table::shared_slot_message(a as u64, b as u64, page, slot);

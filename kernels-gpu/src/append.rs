@@ -2,8 +2,9 @@
 //!
 //! Convention: the caller has already advanced the page table for the new token (a new page
 //! allocated when the last one was full, and `last_page_len[b]` incremented), so the token goes
-//! to slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page or
-//! `last_page_len` outside `[1, page_size]`, or a page id outside the store, are skipped.
+//! to slot `last_page_len[b] - 1` of page `indices[indptr[b + 1] - 1]`. Requests with no page
+//! (which append nothing) or `last_page_len` outside `[1, page_size]`, or a page id outside the
+//! store, are skipped.
 //!
 //! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row into
 //! the K/V views (any page, head and token strides, as the decode kernels read them), or

@@ -1,11 +1,12 @@
 //! Device-side page-table check: one warp per request, reads only inside the arrays' bounds.
 //! Each violation `code` of request `b` is folded into `status` as `min((b << 8) | code)`.
-//! In append mode it also enforces the append contract (a page to write into, a counted token)
-//! and writes each request's append slot to `slots[b]`, from which the host finds two requests
-//! that would write the same slot.
+//! In append mode it also enforces the append contract (a counted token in a request's last page)
+//! and writes each request's append slot to `slots[b]` ([`NO_APPEND_SLOT`] for a request without
+//! pages, which appends nothing), from which the host finds two requests that would write the
+//! same slot.
 
 use crate::intrinsics::*;
-use crate::params::{PageTableCheckParams, check_code, check_lane_slots};
+use crate::params::{NO_APPEND_SLOT, PageTableCheckParams, check_code, check_lane_slots};
 
 /// # Safety
 /// `p` is a [`PageTableCheckParams`] block: `indptr` of `batch + 1` and `last_page_len` of
@@ -40,8 +41,9 @@ pub unsafe fn check_page_table(p: &PageTableCheckParams) {
     }
     if p.append != 0 {
         if stop == start {
+            // No page: the request appends nothing (a free slot of a padded batch).
             if lane == 0 {
-                report(check_code::NO_PAGE);
+                unsafe { *(p.slots as *mut u64).add(b as usize) = NO_APPEND_SLOT };
             }
             return;
         }

@@ -163,7 +163,7 @@ pub struct PageTableCheckParams {
     pub page_size: u32,
     pub num_total_pages: u32,
     pub num_indices: u32,
-    /// 1: the append contract (every request owns a page, `last_page_len ≥ 1`), and `slots` is
+    /// 1: the append contract (`last_page_len ≥ 1` on a request with pages), and `slots` is
     /// written; 0: the decode contract.
     pub append: u32,
 }
@@ -178,11 +178,13 @@ pub mod check_code {
     pub const LAST_PAGE_LEN_OUT_OF_RANGE: u32 = 3;
     /// A page id of the request lies outside `[0, num_total_pages)`.
     pub const PAGE_OUT_OF_RANGE: u32 = 4;
-    /// Append: the request owns no page to write its token into.
-    pub const NO_PAGE: u32 = 5;
     /// Append: `last_page_len[b]` is 0 on a request with pages (the new token is not counted).
     pub const LAST_PAGE_EMPTY: u32 = 6;
 }
+
+/// The append slot the page-table check writes for a request without pages, which appends
+/// nothing.
+pub const NO_APPEND_SLOT: u64 = u64::MAX;
 
 /// The slots of `indices[start..stop]` that lane `lane` of the page-table check's warp reads:
 /// `start + lane`, then every 32nd. In `u32`, so that with `0 ≤ start ≤ stop ≤ i32::MAX` no step
