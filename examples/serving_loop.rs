@@ -150,8 +150,9 @@ impl Engine {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    // SAFETY: every transfer, append, decode and graph replay goes through `dev.stream`, and the
-    // buffers the graph uses (`Buffers`) outlive it.
+    // SAFETY: every transfer, append, decode and graph replay goes through `dev.stream`, the
+    // buffers the graph uses (`Buffers`) outlive it, and its workspace, zeroed once before the
+    // capture, serves only the graph's decode.
     let Some(dev) = (unsafe { open_device_for_capture("serving loop example") })? else { return Ok(()) };
     let stream = &dev.stream;
     let paged_kv = paged_kv(NUM_PAGES);

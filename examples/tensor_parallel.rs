@@ -31,8 +31,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let Some(devices) = open_all("tensor-parallel example")? else { return Ok(()) };
-    // SAFETY: only probes for the shared library.
-    if !unsafe { paged_decode::cudarc::nccl::sys::is_culib_present() } {
+    if !common::tensor_parallel::nccl_present() {
         println!("tensor-parallel example: libnccl.so not found; see `scripts/nccl-library-path`");
         return Ok(());
     }

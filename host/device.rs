@@ -79,7 +79,13 @@ impl Device {
         if !driver_available() {
             return Err(Error::NoDevice);
         }
-        let ctx = CudaContext::new(ordinal)?;
+        // A driver without a visible GPU (`CUDA_VISIBLE_DEVICES=""`) is no device either.
+        let ctx = match CudaContext::new(ordinal) {
+            Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+                return Err(Error::NoDevice);
+            }
+            ctx => ctx?,
+        };
         if !event_tracking {
             // SAFETY: no slice of this context exists yet, and the caller of `open_untracked`
             // takes on the ordering duties its contract lists.

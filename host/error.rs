@@ -91,8 +91,8 @@ pub enum Error {
          unchecked plan"
     )]
     CheckedUnderCapture,
-    /// No CUDA driver library could be found on this machine.
-    #[error("no CUDA driver found (libcuda is not installed or not loadable)")]
+    /// No CUDA driver library could be found on this machine, or the driver sees no GPU.
+    #[error("no CUDA device: libcuda is not installed or not loadable, or the driver sees no GPU")]
     NoDevice,
     /// An error returned by the CUDA driver.
     #[error("CUDA driver error: {0}")]

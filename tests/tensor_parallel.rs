@@ -1,5 +1,6 @@
-//! Tensor-parallel decode over every visible GPU with NCCL (`--features nccl`): runs when two
-//! GPUs and libnccl are present, and prints a skip line otherwise. It shards uniform problems' KV heads over the GPUs as `examples/tensor_parallel.rs` does, and requires every
+//! Tensor-parallel decode over as many visible GPUs as divide the 8 KV heads, with NCCL
+//! (`--features nccl`): runs when two GPUs and libnccl are present, and prints a skip line
+//! otherwise. It shards uniform problems' KV heads over the GPUs as `examples/tensor_parallel.rs` does, and requires every
 //! GPU's gathered output to match a single-GPU decode of the whole problem.
 #![cfg(feature = "nccl")]
 
@@ -18,8 +19,7 @@ fn sharded_decode_matches_one_gpu() {
         let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
     };
     let Some(devices) = open_all(test).unwrap() else { return skip("fewer than two GPUs or no driver") };
-    // SAFETY: only probes for the shared library.
-    if !unsafe { paged_decode::cudarc::nccl::sys::is_culib_present() } {
+    if !common::tensor_parallel::nccl_present() {
         return skip("libnccl.so not found (scripts/nccl-library-path)");
     }
     for (batch, len) in [(8, 1000), (1, 5000), (3, 17)] {

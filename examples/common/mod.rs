@@ -57,8 +57,10 @@ pub fn open_device(example: &str) -> Result<Option<Device>, Error> {
 /// (with it, a plan's `run` on a capturing stream is refused: `Error::CaptureWithTracking`).
 ///
 /// # Safety
-/// The caller issues all work on the device's one stream, and keeps every buffer a captured
-/// graph uses alive until the graph is dropped ([`Device::open_untracked`]).
+/// The caller upholds [`Device::open_untracked`]'s contract: it issues all work on the device's
+/// one stream, keeps every buffer a captured graph uses alive until the graph is dropped, and
+/// neither zeroes a captured workspace again nor lends it to another launch while the graph can
+/// replay.
 #[allow(dead_code)]
 pub unsafe fn open_device_for_capture(example: &str) -> Result<Option<Device>, Error> {
     // SAFETY: forwarded to the caller.

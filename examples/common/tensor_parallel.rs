@@ -202,12 +202,19 @@ impl TensorParallel {
         }
         let nccl_err = |e: nccl::NcclError| format!("NCCL all-gather: {e:?}");
         nccl::group_start().map_err(nccl_err)?;
-        for (rank, comm) in self.comms.iter().enumerate() {
-            let s = &self.shards[rank];
-            comm.all_gather(&s.o, &mut self.gathered_o[rank]).map_err(nccl_err)?;
-            comm.all_gather(&s.lse, &mut self.gathered_lse[rank]).map_err(nccl_err)?;
-        }
-        nccl::group_end().map_err(nccl_err)?;
+        // The group is ended whatever happens inside it: NCCL calls after an open group (the
+        // communicators' aborts on drop among them) would join it.
+        let enqueued = (|| {
+            for (rank, comm) in self.comms.iter().enumerate() {
+                let s = &self.shards[rank];
+                comm.all_gather(&s.o, &mut self.gathered_o[rank])?;
+                comm.all_gather(&s.lse, &mut self.gathered_lse[rank])?;
+            }
+            Ok(())
+        })();
+        let ended = nccl::group_end();
+        enqueued.map_err(nccl_err)?;
+        ended.map_err(nccl_err)?;
         Ok(())
     }
 
@@ -248,6 +255,16 @@ fn rank_major_to_head_major<T: Copy>(v: &[T], world: usize, batch: usize, row: u
         }
     }
     out
+}
+
+/// Whether libnccl can be loaded. With cudarc's linking mode (`dynamic-linking`) the library is
+/// a link-time dependency, so present whenever the program runs.
+pub fn nccl_present() -> bool {
+    #[cfg(any(feature = "dynamic-loading", feature = "fallback-dynamic-loading"))]
+    // SAFETY: only probes for the shared library.
+    return unsafe { paged_decode::cudarc::nccl::sys::is_culib_present() };
+    #[cfg(not(any(feature = "dynamic-loading", feature = "fallback-dynamic-loading")))]
+    true
 }
 
 /// The visible GPUs, as many as share the KV heads evenly (the most that divide them: 4 of 6

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::f16;
-use paged_decode::{BatchPagedDecodeArgs, BatchPagedDecodePlan, Result, TensorMut, TensorRef, Workspace};
+use paged_decode::{
+    BatchPagedDecodeArgs, BatchPagedDecodePlan, Error, Result, TensorMut, TensorRef, Workspace,
+};
 
 /// A contiguous tensor inside a device slice, as a candle tensor's storage and layout give it.
 pub struct Buffer<'a, T> {
@@ -19,8 +21,19 @@ pub struct Buffer<'a, T> {
 }
 
 impl<'a, T> Buffer<'a, T> {
-    fn view<const N: usize>(&self, shape: [i32; N]) -> TensorRef<'a, T, N> {
-        TensorRef::new(self.slice.slice(self.start_offset..), shape)
+    fn view<const N: usize>(&self, shape: [i32; N]) -> Result<TensorRef<'a, T, N>> {
+        Ok(TensorRef::new(self.tail()?, shape))
+    }
+
+    /// The slice from the tensor's first element on; an offset past the slice is an error.
+    fn tail(&self) -> Result<cudarc::driver::CudaView<'a, T>> {
+        self.slice.try_slice(self.start_offset..).ok_or_else(|| {
+            Error::InvalidProblem(format!(
+                "start offset {} past a slice of {} elements",
+                self.start_offset,
+                self.slice.len()
+            ))
+        })
     }
 }
 
@@ -39,7 +52,8 @@ pub struct PagedCache<'a> {
 }
 
 /// Runs `plan` on candle's stream: `q` is `[batch, num_qo_heads, head_dim]`; `o` and `lse` are
-/// output slices the caller wraps back into candle storage.
+/// output slices the caller wraps back into candle storage; `workspace` is made once
+/// (`Workspace::zeroed` on the same stream) and reused by every decode of this configuration.
 pub fn decode(
     plan: &BatchPagedDecodePlan<f16>,
     stream: &Arc<CudaStream>,
@@ -47,22 +61,24 @@ pub fn decode(
     cache: &PagedCache<'_>,
     o: &mut CudaSlice<f16>,
     lse: &mut CudaSlice<f32>,
-    workspace: &mut CudaSlice<u8>,
+    workspace: &mut Workspace<'_>,
 ) -> Result<()> {
     let desc = plan.descriptor();
     let kv = desc.paged_kv;
     let (b, hq, d) = (desc.batch_size, desc.num_qo_heads, kv.head_dim);
     let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
-    let num_indices = (cache.indices.slice.len() - cache.indices.start_offset) as i32;
+    let indices = cache.indices.tail()?;
+    let num_indices = i32::try_from(indices.len())
+        .map_err(|_| Error::InvalidProblem(format!("{} page ids exceed i32", indices.len())))?;
     let mut args = BatchPagedDecodeArgs {
-        q: q.view([b, hq, d]),
-        k_data: cache.k.view(store),
-        v_data: cache.v.view(store),
-        indices: cache.indices.view([num_indices]),
-        indptr: cache.indptr.view([b + 1]),
-        last_page_len: cache.last_page_len.view([b]),
+        q: q.view([b, hq, d])?,
+        k_data: cache.k.view(store)?,
+        v_data: cache.v.view(store)?,
+        indices: TensorRef::new(indices, [num_indices]),
+        indptr: cache.indptr.view([b + 1])?,
+        last_page_len: cache.last_page_len.view([b])?,
         o: TensorMut::new(o.slice_mut(..), [b, hq, d]),
         lse: TensorMut::new(lse.slice_mut(..), [b, hq]),
     };
-    plan.run(stream, &mut Workspace::zeroed(stream, workspace.slice_mut(..))?, &mut args)
+    plan.run(stream, workspace, &mut args)
 }
