@@ -702,9 +702,10 @@ fn chained_decodes_see_the_previous_kernels_output() {
     let Some(dev) = capture_device("chained_decodes_see_the_previous_kernels_output") else { return };
     let s = &dev.stream;
     // One request: a grid of only the chunks its page table can fill.
-    // The last one takes the lean kernel over the scheduled partition.
+    // The fourth takes the lean kernel over the scheduled partition; then the lean kernel (one KV
+    // head per CTA), a whole request, and stacked lean CTAs (four KV heads each).
     // `PAGED_DECODE_CHAINED_CASES` runs only the first few (racecheck).
-    let count: usize = problem::env_number("PAGED_DECODE_CHAINED_CASES", 4);
+    let count: usize = problem::env_number("PAGED_DECODE_CHAINED_CASES", 7);
     for (i, spec) in [
         ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
         ProblemSpec::uniform(96, 500, 32, 8, 128, 16),
@@ -716,6 +717,9 @@ fn chained_decodes_see_the_previous_kernels_output() {
             128,
             16,
         ),
+        ProblemSpec::uniform(4, 32, 16, 4, 128, 16),
+        ProblemSpec::uniform(1, 128, 16, 4, 128, 16),
+        with_lens((0..1200).map(|i| (i * 7) % 23).collect(), 16, 4, 128, 16),
     ]
     .into_iter()
     .take(count)
@@ -791,20 +795,7 @@ fn chained_decodes_see_the_previous_kernels_output() {
 #[test]
 fn page_table_written_by_the_previous_kernel() {
     let Some(dev) = device("page_table_written_by_the_previous_kernel") else { return };
-    let s = &dev.stream;
-    // The writer: two long requests, one CTA per (request, KV head), so that it is still running
-    // when the next launch's CTAs start; 64 lse values. `PAGED_DECODE_WRITER_TOKENS` shortens
-    // them under racecheck, which slows every launch alike (the test checks that the writer's lse
-    // stays positive).
-    let writer_tokens: usize = problem::env_number("PAGED_DECODE_WRITER_TOKENS", 32768).max(1024);
-    let writer = HostProblem::<f16>::random(&ProblemSpec::uniform(2, writer_tokens, 32, 8, 128, 16)).unwrap();
-    let pref = PlanPreference { num_splits: Some(1), ..PlanPreference::default() };
-    let writer_plan = BatchPagedDecodePlan::<f16>::select(s, &writer.desc, pref).unwrap();
-    let mut writer_buf = DeviceProblem::upload(s, &writer, writer_plan.workspace_size()).unwrap();
-    let placeholder = vec![f32::from_bits(1); writer_buf.lse.len()];
-    let programmatic = paged_decode::ptx::supports_programmatic_launch(
-        paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability,
-    );
+    let mut writer = Writer::new(&dev);
     let mut paths = Vec::new();
     let (mut guessed, mut guessed_by_all) = (0, 0);
     let shapes = [(4, 32), (1, 128), (2, 64), (32, 64), (2, 128), (8, 512), (4, 4096), (64, 2048), (64, 64)];
@@ -814,49 +805,125 @@ fn page_table_written_by_the_previous_kernel() {
     {
         // Full last pages: the table the writer leaves.
         let spec = ProblemSpec { seed: 91, ..ProblemSpec::uniform(batch, len, 16, 4, 128, 16) };
-        let host = HostProblem::<f16>::random(&spec).unwrap();
-        let plan = BatchPagedDecodePlan::<f16>::select(s, &host.desc, pref).unwrap();
-        assert!(!plan.reads_page_table_early());
-        let path = plan.path(host.indices.len());
-        let what = path.name();
-        // Launches of at most one CTA per SM (or all, with `all_guess`) guess the lookup the
-        // writer is changing.
-        let guesses = plan.guesses_page_lookup(host.indices.len()) as usize;
+        let (path, guesses) = writer.then_decode::<f16, f16>(&spec, pref);
         if pref == all_guess {
             let unsplit = matches!(path, DecodePath::Lean | DecodePath::Whole);
-            assert!(!programmatic || guesses == unsplit as usize, "{what}: guesses {guesses} with no bound");
+            assert!(
+                !writer.programmatic || guesses == unsplit as usize,
+                "{}: guesses {guesses} with no bound",
+                path.name()
+            );
             guessed_by_all += guesses;
         } else {
-            paths.push(what);
+            paths.push(path.name());
             guessed += guesses;
         }
+    }
+    // (4, 32) lean, (1, 128) and (2, 64) whole: a few CTAs each, which guess the lookup the
+    // writer is still changing (its last pages' lengths), and must redo their first tiles.
+    assert!(!writer.programmatic || guessed >= 3, "only {guessed} launches guessed their page lookup");
+    println!(
+        "paths {paths:?}, programmatic launch {}, {guessed} guessing ({guessed_by_all} with no bound): \
+         the table the previous kernel wrote",
+        writer.programmatic
+    );
+}
+
+/// [`page_table_written_by_the_previous_kernel`] for the other element types' guessing entries:
+/// bf16, and the 8-bit caches' (f16 / E4M3, bf16 / E5M2), lean and whole, at head_dim 64, 128
+/// and 256, each launch guessing the lookup the writer is changing.
+#[test]
+fn page_table_written_by_the_previous_kernel_every_element() {
+    let test = "page_table_written_by_the_previous_kernel_every_element";
+    let Some(dev) = device(test) else { return };
+    let fp8 = runs_fp8(&dev, test);
+    let mut writer = Writer::new(&dev);
+    let mut guessed = 0;
+    let shapes = [(4, 32, 128), (1, 128, 128), (4, 32, 64), (1, 128, 64), (1, 64, 256)];
+    for (i, (batch, len, d)) in shapes.into_iter().enumerate() {
+        let spec = ProblemSpec { seed: 93 + i as u64, ..ProblemSpec::uniform(batch, len, 16, 4, d, 16) };
+        let pref = PlanPreference::default();
+        guessed += writer.then_decode::<bf16, bf16>(&spec, pref).1;
+        if fp8 {
+            guessed += writer.then_decode::<f16, F8E4M3>(&spec, pref).1;
+            guessed += writer.then_decode::<bf16, F8E5M2>(&spec, pref).1;
+        }
+    }
+    assert!(
+        !writer.programmatic || guessed >= shapes.len(),
+        "only {guessed} launches guessed their page lookup"
+    );
+    println!("{test}: {guessed} launches guessed the lookup the previous kernel wrote");
+}
+
+/// The kernel before the decodes of the two tests above: two long requests, one CTA per
+/// (request, KV head), so that it is still running when the next launch's CTAs start; it writes
+/// its 64 lse values, which the next decode reads as its `last_page_len`.
+/// `PAGED_DECODE_WRITER_TOKENS` shortens them under racecheck, which slows every launch alike
+/// (the decodes check that the writer's lse stays positive).
+struct Writer<'d> {
+    dev: &'d Device,
+    plan: BatchPagedDecodePlan<f16>,
+    buf: DeviceProblem<f16>,
+    placeholder: Vec<f32>,
+    programmatic: bool,
+}
+
+impl<'d> Writer<'d> {
+    fn new(dev: &'d Device) -> Self {
+        let s = &dev.stream;
+        let writer_tokens: usize = problem::env_number("PAGED_DECODE_WRITER_TOKENS", 32768).max(1024);
+        let writer =
+            HostProblem::<f16>::random(&ProblemSpec::uniform(2, writer_tokens, 32, 8, 128, 16)).unwrap();
+        let pref = PlanPreference { num_splits: Some(1), ..PlanPreference::default() };
+        let plan = BatchPagedDecodePlan::<f16>::select(s, &writer.desc, pref).unwrap();
+        let buf = DeviceProblem::upload(s, &writer, plan.workspace_size()).unwrap();
+        let placeholder = vec![f32::from_bits(1); buf.lse.len()];
+        let programmatic = paged_decode::ptx::supports_programmatic_launch(
+            paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability,
+        );
+        Self { dev, plan, buf, placeholder, programmatic }
+    }
+
+    /// Runs the writer (its lse reset to lengths of 1), then a decode of `spec` (batch ≤ 64, full
+    /// last pages) whose `last_page_len` is the writer's lse, and checks it against the
+    /// reference of full pages; the path it took and whether it guessed its page lookup.
+    fn then_decode<T: Element + ProblemCache, C: ProblemCache>(
+        &mut self,
+        spec: &ProblemSpec,
+        pref: PlanPreference,
+    ) -> (DecodePath, usize) {
+        let s = &self.dev.stream;
+        let host = HostProblem::<T, C>::random(spec).unwrap();
+        let plan = BatchPagedDecodePlan::<T, C>::select(s, &host.desc, pref).unwrap();
+        assert!(!plan.reads_page_table_early());
+        let path = plan.path(host.indices.len());
+        let what = format!("{} {:?}/{:?} d {}", path.name(), T::KIND, C::CACHE_KIND, spec.head_dim);
+        // Launches of at most one CTA per SM (or all, with `guess_max_ctas`) guess the lookup
+        // the writer is changing.
+        let guesses = plan.guesses_page_lookup(host.indices.len()) as usize;
         let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
         buf.poison_outputs(s).unwrap();
-        s.memcpy_htod(&placeholder, &mut writer_buf.lse).unwrap();
+        s.memcpy_htod(&self.placeholder, &mut self.buf.lse).unwrap();
         {
-            let (mut args, mut ws) = writer_buf.args_and_workspace();
-            writer_plan.run(s, &mut ws, &mut args).unwrap();
+            let (mut args, mut ws) = self.buf.args_and_workspace();
+            self.plan.run(s, &mut ws, &mut args).unwrap();
         }
+        let batch = spec.batch();
         {
             let (mut args, mut ws) = buf.args_and_workspace();
             // SAFETY: `lse` holds 64 f32 values, read here as `batch ≤ 64` i32 lengths; one stream
             // orders both launches.
-            let lengths = unsafe { writer_buf.lse.transmute::<i32>(batch) }.unwrap();
+            let lengths = unsafe { self.buf.lse.transmute::<i32>(batch) }.unwrap();
             args.last_page_len = TensorRef::new(lengths, [batch as i32]);
-            plan.run(s, &mut ws, &mut args).unwrap();
+            plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
         }
-        let writer_lse = s.clone_dtoh(&writer_buf.lse).unwrap();
+        let writer_lse = s.clone_dtoh(&self.buf.lse).unwrap();
         assert!(writer_lse.iter().all(|&v| v > 0.0), "{what}: the writer's lse must be positive");
         let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
-        check(what, &spec, &o, &lse, &host.reference().unwrap());
+        check(&what, spec, &o, &lse, &host.reference().unwrap());
+        (path, guesses)
     }
-    // (4, 32) lean, (1, 128) and (2, 64) whole: a few CTAs each, which guess the lookup the
-    // writer is still changing (its last pages' lengths), and must redo their first tiles.
-    assert!(!programmatic || guessed >= 3, "only {guessed} launches guessed their page lookup");
-    println!(
-        "paths {paths:?}, programmatic launch {programmatic}, {guessed} guessing ({guessed_by_all} with no bound): \
-         the table the previous kernel wrote"
-    );
 }
 
 fn checksum<T: Element>(v: &[T]) -> Vec<u64> {
