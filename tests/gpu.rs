@@ -1824,69 +1824,86 @@ fn fp8_append_quantizes_bit_exactly() {
 }
 
 /// 8-bit caches with sliding windows (none of the tokens, fewer and more than the requests hold)
-/// and attention sinks (some `-inf`), on the plan's path and split four ways, against the float64
-/// reference of the variant over the dequantized cache (its values rounded to f32, within 1e-7).
+/// and attention sinks (some `-inf`), f16 q over E4M3 and bf16 q over E5M2, on the plan's path
+/// and split four ways, against the float64 reference of the variant over the dequantized cache
+/// (its values rounded to f32, within 1e-7). The cases reach the split and whole entries, the
+/// lean ones (one KV head per CTA and stacked), the guessing lean entry and the scheduled
+/// partition at head_dim 64 and 128.
 #[test]
 fn fp8_windows_and_sinks() {
-    use paged_decode::reference::AttentionVariant;
-    use paged_decode::{
-        AttentionVariantDescriptor, BatchPagedDecodeDescriptor, PagedKvCacheDescriptor, TensorRef,
-    };
     let test = "fp8_windows_and_sinks";
     let Some(dev) = device(test) else { return };
     if !runs_fp8(&dev, test) {
         return;
     }
-    let cases = [
-        (vec![0, 1, 700, 33, 4000], 32, 8, 128, 100),
-        (vec![5000], 16, 2, 64, 1023),
-        (vec![17, 300, 1], 8, 1, 256, 0),
-        (vec![2000, 2000], 32, 4, 128, 5000),
+    let spare = |n| PlanPreference { spare_chunks: Some(n), ..PlanPreference::default() };
+    // (lengths, query heads, KV heads, head_dim, window, the plan's preference)
+    let cases: Vec<(Vec<usize>, usize, usize, usize, u32, PlanPreference)> = vec![
+        (vec![0, 1, 700, 33, 4000], 32, 8, 128, 100, PlanPreference::default()),
+        (vec![5000], 16, 2, 64, 1023, PlanPreference::default()),
+        (vec![17, 300, 1], 8, 1, 256, 0, PlanPreference::default()),
+        (vec![2000, 2000], 32, 4, 128, 5000, PlanPreference::default()),
+        ((0..600).map(|i| 100 + i % 300).collect(), 32, 8, 128, 63, PlanPreference::default()),
+        (vec![0, 1, 40, 31], 16, 4, 128, 15, PlanPreference::default()),
+        ((0..1200).map(|i| (i * 7) % 23).collect(), 16, 4, 64, 7, PlanPreference::default()),
+        ((0..80).map(|i| (i * 397) % 3000).collect(), 16, 4, 128, 1023, spare(80)),
+        ((0..72).map(|i| (i * 397) % 3000).collect(), 16, 4, 64, 127, spare(72)),
     ];
-    for (i, (lens, hq, hkv, d, window_left)) in cases.into_iter().enumerate() {
+    for (i, (lens, hq, hkv, d, window_left, pref)) in cases.into_iter().enumerate() {
         let spec = ProblemSpec { seed: 900 + i as u64, ..with_lens(lens, hq, hkv, d, 16) };
-        let host = HostProblem::<f16, F8E4M3>::random(&spec).unwrap();
-        let sinks: Vec<f32> = (0..hq)
-            .map(|h| if h % 5 == 0 { f32::NEG_INFINITY } else { (h as f32 * 0.37).sin() * 3.0 })
-            .collect();
-        let values =
-            |data: &[F8E4M3], scale: f32| data.iter().map(|c| c.value(scale) as f32).collect::<Vec<_>>();
-        let (k, v) = (values(&host.k_data, host.scales.k_scale), values(&host.v_data, host.scales.v_scale));
-        let q: Vec<f32> = host.q.iter().map(|x| x.to_f32()).collect();
-        let paged_kv = PagedKvCacheDescriptor { element: ElementKind::F32, ..host.desc.paged_kv };
-        let desc = BatchPagedDecodeDescriptor { paged_kv, ..host.desc };
-        let variant = AttentionVariant {
-            window_left: Some(window_left),
-            sinks: Some(&sinks),
-            ..AttentionVariant::default()
-        };
-        let r =
-            paged_decode::reference::decode_variant(&desc, variant, &q, &k, &v, host.page_table()).unwrap();
-        let selection = AttentionVariantDescriptor { logits_soft_cap: None, window_left: Some(window_left) };
-        for pref in
-            [PlanPreference::default(), PlanPreference { num_splits: Some(4), ..PlanPreference::default() }]
-        {
-            let plan = BatchPagedDecodePlan::<f16, F8E4M3>::select_variant(
-                &dev.stream,
-                &host.desc,
-                &selection,
-                pref,
-            )
-            .unwrap();
-            let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
-            let s = &dev.stream;
-            buf.poison_outputs(s).unwrap();
-            let sinks_d = s.clone_htod(&sinks).unwrap();
-            {
-                let (mut args, mut ws) = buf.args_and_workspace();
-                let sinks_view = TensorRef::new(sinks_d.slice(..), [hq as i32]);
-                plan.run_scaled_with_sinks(s, &mut ws, &mut args, host.scales, &sinks_view).unwrap();
-            }
-            let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
-            let path = plan.path(host.indices.len());
-            let what = format!("case {i} (window {window_left}, {pref:?}) [{}]", path.name());
-            check(&what, &host.spec, &o, &lse, &r);
-        }
+        fp8_window_case::<f16, F8E4M3>(&dev, i, &spec, window_left, pref);
+        fp8_window_case::<bf16, F8E5M2>(&dev, i, &spec, window_left, pref);
     }
-    println!("{test}: 4 cases × 2 plans match the reference");
+    println!("{test}: 9 cases × 2 element pairs × 2 plans match the reference");
+}
+
+/// One case of [`fp8_windows_and_sinks`]: the plan of `pref`, and the same split four ways.
+fn fp8_window_case<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    i: usize,
+    spec: &ProblemSpec,
+    window_left: u32,
+    pref: PlanPreference,
+) {
+    use paged_decode::reference::AttentionVariant;
+    use paged_decode::{AttentionVariantDescriptor, BatchPagedDecodeDescriptor, PagedKvCacheDescriptor};
+    let hq = spec.num_qo_heads;
+    let host = HostProblem::<T, C>::random(spec).unwrap();
+    let sinks: Vec<f32> =
+        (0..hq).map(|h| if h % 5 == 0 { f32::NEG_INFINITY } else { (h as f32 * 0.37).sin() * 3.0 }).collect();
+    let values = |data: &[C], scale: f32| data.iter().map(|&c| c.value(scale) as f32).collect::<Vec<_>>();
+    let (k, v) = (values(&host.k_data, host.scales.k_scale), values(&host.v_data, host.scales.v_scale));
+    let q: Vec<f32> = host.q.iter().map(|x| x.to_f64() as f32).collect();
+    let paged_kv = PagedKvCacheDescriptor { element: ElementKind::F32, ..host.desc.paged_kv };
+    let desc = BatchPagedDecodeDescriptor { paged_kv, ..host.desc };
+    let variant = AttentionVariant {
+        window_left: Some(window_left),
+        sinks: Some(&sinks),
+        ..AttentionVariant::default()
+    };
+    let r = paged_decode::reference::decode_variant(&desc, variant, &q, &k, &v, host.page_table()).unwrap();
+    let selection = AttentionVariantDescriptor { logits_soft_cap: None, window_left: Some(window_left) };
+    for pref in [pref, PlanPreference { num_splits: Some(4), ..pref }] {
+        let s = &dev.stream;
+        let plan = BatchPagedDecodePlan::<T, C>::select_variant(s, &host.desc, &selection, pref).unwrap();
+        let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+        buf.poison_outputs(s).unwrap();
+        let sinks_d = s.clone_htod(&sinks).unwrap();
+        {
+            let (mut args, mut ws) = buf.args_and_workspace();
+            let sinks_view = TensorRef::new(sinks_d.slice(..), [hq as i32]);
+            plan.run_scaled_with_sinks(s, &mut ws, &mut args, host.scales, &sinks_view).unwrap();
+        }
+        let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
+        let n = host.indices.len();
+        let path = plan.path(n);
+        let what = format!(
+            "case {i} {:?}/{:?} (window {window_left}, {pref:?}) [{}, {} KV heads per CTA]",
+            T::KIND,
+            C::CACHE_KIND,
+            path.name(),
+            plan.stacked_kv_heads(n)
+        );
+        check(&what, &host.spec, &o, &lse, &r);
+    }
 }
