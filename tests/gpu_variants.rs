@@ -12,6 +12,7 @@ use std::io::Write;
 
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
+use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgs, BatchPagedDecodePlan, DecodePath, Device, Element,
@@ -61,7 +62,7 @@ struct Store<T> {
     stride: [i64; 4],
 }
 
-impl<T: Element> Store<T> {
+impl<T: ProblemCache> Store<T> {
     /// `k_hnd` / `v_hnd` (contiguous HND stores of `kv`) laid out as `layout`.
     fn new(layout: Layout, kv: &PagedKvCacheDescriptor, k_hnd: &[T], v_hnd: &[T]) -> Self {
         let (pages, heads, ps, d) = (
@@ -89,8 +90,9 @@ impl<T: Element> Store<T> {
                 (s, page, 2 * page, false, 3 * pages * page + 64)
             }
         };
-        let mut k = vec![T::from_f64(f64::NAN); len];
-        let mut v_buf = vec![T::from_f64(f64::NAN); len];
+        // NaN: the element's, or an 8-bit format's NaN code.
+        let mut k = vec![T::store(f64::NAN, 1.0); len];
+        let mut v_buf = vec![T::store(f64::NAN, 1.0); len];
         for p in 0..pages {
             for h in 0..heads {
                 for t in 0..ps {
@@ -104,7 +106,9 @@ impl<T: Element> Store<T> {
         }
         Store { k, v: (!shared).then_some(v_buf), k_offset, v_offset, stride }
     }
+}
 
+impl<T: Element> Store<T> {
     fn views(&self) -> (KvView<'_, T>, KvView<'_, T>) {
         let [page_stride, head_stride, token_stride, _] = self.stride.map(|s| s as usize);
         let view = |data, offset| KvView { data, offset, page_stride, head_stride, token_stride };
@@ -154,9 +158,23 @@ fn run_case<T: Element + ProblemCache>(
     store: &Store<T>,
     pref: PlanPreference,
 ) -> (Vec<T>, Vec<f32>, DecodePath) {
+    run_store(dev, what, &case.host, store, &case.variant, case.sinks.as_deref(), pref)
+}
+
+/// Runs the plan of `variant` and `pref` over `host`'s problem with its K/V stores as `store`
+/// (elements of `C`: q's type or 8-bit codes, dequantized with `host.scales`), with
+/// NaN-poisoned outputs and the sinks if given; returns (o, lse, path).
+fn run_store<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    what: &str,
+    h: &HostProblem<T, C>,
+    store: &Store<C>,
+    variant: &AttentionVariantDescriptor,
+    sinks: Option<&[f32]>,
+    pref: PlanPreference,
+) -> (Vec<T>, Vec<f32>, DecodePath) {
     let s = &dev.stream;
-    let h = &case.host;
-    let plan = BatchPagedDecodePlan::<T>::select_variant(s, &h.desc, &case.variant, pref)
+    let plan = BatchPagedDecodePlan::<T, C>::select_variant(s, &h.desc, variant, pref)
         .unwrap_or_else(|e| panic!("{what}: select failed: {e}"));
     let kv = &h.desc.paged_kv;
     let (b, hq, d) = (h.desc.batch_size, h.desc.num_qo_heads, kv.head_dim);
@@ -185,20 +203,20 @@ fn run_case<T: Element + ProblemCache>(
         o: TensorMut::new(o.slice_mut(..), [b, hq, d]),
         lse: TensorMut::new(lse.slice_mut(..), [b, hq]),
     };
-    match &case.sinks {
+    match sinks {
         Some(sinks) => {
             let sinks = s.clone_htod(sinks).unwrap();
-            plan.run_with_sinks(s, &mut ws, &mut args, &TensorRef::new(sinks.slice(..), [hq])).unwrap();
+            let sinks_view = TensorRef::new(sinks.slice(..), [hq]);
+            plan.run_scaled_with_sinks(s, &mut ws, &mut args, h.scales, &sinks_view).unwrap();
             s.synchronize().unwrap();
         }
-        None => plan.run(s, &mut ws, &mut args).unwrap(),
+        None => plan.run_scaled(s, &mut ws, &mut args, h.scales).unwrap(),
     }
     // The views borrow `o` and `lse` until here.
     let _ = args;
     (s.clone_dtoh(&o).unwrap(), s.clone_dtoh(&lse).unwrap(), plan.path(h.indices.len()))
 }
 
-/// Compares every request of (o, lse) with the reference; returns the worst relative error.
 fn check<T: Element>(what: &str, spec: &ProblemSpec, o: &[T], lse: &[f32], r: &DecodeOutput) -> f64 {
     compare_outputs(spec, o, lse, r).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
@@ -457,6 +475,106 @@ fn decode_variant_edge_cases() {
         assert!(paths.contains(p.name()), "paths taken: {paths:?}");
     }
     println!("decode_variant_edge_cases: passed on paths {paths:?}");
+}
+
+/// 8-bit caches (f16 q over E4M3, bf16 q over E5M2) in every layout, with and without a window
+/// and sinks, on the split, whole, lean (one KV head per CTA and stacked) and scheduled paths,
+/// against the float64 reference over the same layout of the dequantized values (rounded to
+/// f32, within 1e-7).
+#[test]
+fn fp8_decode_in_every_layout() {
+    let test = "fp8_decode_in_every_layout";
+    let Some(dev) = device(test) else { return };
+    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
+    if cc.0 < 9 {
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: 8-bit caches need sm_90");
+        return;
+    }
+    let spare = |n| PlanPreference { spare_chunks: Some(n), ..PlanPreference::default() };
+    let cases = [
+        ("ragged", spec(vec![0, 1, 16, 33, 0, 2500], 32, 8, 128, 16), PlanPreference::default()),
+        ("whole", spec((0..300).map(|i| i % 500).collect(), 8, 2, 256, 8), spare(0)),
+        ("lean", spec((0..600).map(|i| i % 200).collect(), 16, 2, 128, 16), PlanPreference::default()),
+        (
+            "stacked lean",
+            spec((0..1200).map(|i| (i * 7) % 23).collect(), 16, 4, 64, 16),
+            PlanPreference::default(),
+        ),
+        ("scheduled", spec((0..72).map(|i| (i * 397) % 3000).collect(), 16, 4, 64, 16), spare(72)),
+    ];
+    let mut paths = std::collections::BTreeSet::new();
+    for (c, (name, spec, pref)) in cases.iter().enumerate() {
+        let spec = ProblemSpec { seed: 7500 + c as u64, ..spec.clone() };
+        for (i, layout) in LAYOUTS.into_iter().enumerate() {
+            let window_left = [None, Some(63)][(c + i) % 2];
+            let sinks = (c + i) % 3 == 0;
+            paths.insert(fp8_layout_case::<f16, F8E4M3>(
+                &dev,
+                name,
+                &spec,
+                layout,
+                window_left,
+                sinks,
+                *pref,
+            ));
+            paths.insert(fp8_layout_case::<bf16, F8E5M2>(
+                &dev,
+                name,
+                &spec,
+                layout,
+                window_left,
+                sinks,
+                *pref,
+            ));
+        }
+    }
+    println!("{test}: passed on paths {paths:?}");
+}
+
+/// One case of [`fp8_decode_in_every_layout`]; the path it took.
+fn fp8_layout_case<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    name: &str,
+    spec: &ProblemSpec,
+    layout: Layout,
+    window_left: Option<u32>,
+    sinks: bool,
+    pref: PlanPreference,
+) -> &'static str {
+    let host = HostProblem::<T, C>::random(spec).unwrap();
+    let kv = host.desc.paged_kv;
+    let codes = Store::new(layout, &kv, &host.k_data, &host.v_data);
+    let dequantized =
+        |data: &[C], scale: f32| data.iter().map(|&c| c.value(scale) as f32).collect::<Vec<_>>();
+    let (k, v) =
+        (dequantized(&host.k_data, host.scales.k_scale), dequantized(&host.v_data, host.scales.v_scale));
+    let values_kv = PagedKvCacheDescriptor { element: ElementKind::F32, ..kv };
+    let values = Store::new(layout, &values_kv, &k, &v);
+    let sinks: Option<Vec<f32>> =
+        sinks.then(|| (0..spec.num_qo_heads).map(|h| [-2.0, 0.5, 3.0, f32::NEG_INFINITY][h % 4]).collect());
+    let q: Vec<f32> = host.q.iter().map(|x| x.to_f64() as f32).collect();
+    let desc = paged_decode::BatchPagedDecodeDescriptor { paged_kv: values_kv, ..host.desc };
+    let (k_view, v_view) = values.views();
+    let reference_variant = AttentionVariant { logits_soft_cap: None, window_left, sinks: sinks.as_deref() };
+    let r = paged_decode::reference::decode_strided(
+        &desc,
+        reference_variant,
+        &q,
+        k_view,
+        v_view,
+        host.page_table(),
+    )
+    .unwrap();
+    let variant = AttentionVariantDescriptor { logits_soft_cap: None, window_left };
+    let what = format!(
+        "{name}: {:?}/{:?} {layout:?} window {window_left:?} sinks {}",
+        T::KIND,
+        C::CACHE_KIND,
+        sinks.is_some()
+    );
+    let (o, lse, path) = run_store(dev, &what, &host, &codes, &variant, sinks.as_deref(), pref);
+    check(&format!("{what} [{}]", path.name()), &host.spec, &o, &lse, &r);
+    path.name()
 }
 
 /// The portable build (`allow_sm90a: false`) with the variants on the entries of its own that
