@@ -34,7 +34,7 @@ pub struct Device {
 
 impl Device {
     /// Opens GPU `ordinal` with cudarc's cross-stream event tracking on;
-    /// [`Error::NoDevice`] when no CUDA driver is installed.
+    /// [`Error::NoDevice`] when no CUDA driver is installed or it sees no GPU.
     ///
     /// Orders its slices across any number of streams, but for the one case cudarc's tracking
     /// leaves to the caller: reads of one slice on two streams, then a write or drop (see

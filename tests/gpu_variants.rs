@@ -25,7 +25,8 @@ fn device(test: &str) -> Option<Device> {
     match Device::open(0) {
         Ok(d) => Some(d),
         Err(Error::NoDevice) => {
-            let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: no CUDA driver on this machine");
+            let _ =
+                writeln!(std::io::stderr().lock(), "SKIPPED {test}: no CUDA driver or GPU on this machine");
             None
         }
         Err(e) => panic!("{test}: opening the GPU failed: {e}"),

@@ -48,7 +48,8 @@ pub fn exit_code(example: &str, result: Result<(), Box<dyn std::error::Error>>) 
     }
 }
 
-/// The first GPU, or `None` after saying that there is no CUDA driver (the examples then exit 0).
+/// The first GPU, or `None` after saying that there is no CUDA driver or GPU (the examples then
+/// exit 0).
 pub fn open_device(example: &str) -> Result<Option<Device>, Error> {
     opened(example, Device::open(0))
 }
@@ -74,7 +75,9 @@ fn opened(example: &str, device: Result<Device, Error>) -> Result<Option<Device>
             Ok(Some(device))
         }
         Err(Error::NoDevice) => {
-            println!("{example}: no CUDA driver on this machine; this example needs an NVIDIA GPU (sm_80+)");
+            println!(
+                "{example}: no CUDA driver or GPU on this machine; this example needs an NVIDIA GPU (sm_80+)"
+            );
             Ok(None)
         }
         Err(e) => Err(e),

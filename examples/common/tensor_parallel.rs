@@ -260,10 +260,18 @@ fn rank_major_to_head_major<T: Copy>(v: &[T], world: usize, batch: usize, row: u
 /// Whether libnccl can be loaded. With cudarc's linking mode (`dynamic-linking`) the library is
 /// a link-time dependency, so present whenever the program runs.
 pub fn nccl_present() -> bool {
-    #[cfg(any(feature = "dynamic-loading", feature = "fallback-dynamic-loading"))]
+    // cudarc loads its libraries at run time under `dynamic-loading`, and under
+    // `fallback-dynamic-loading` unless a linking mode is chosen too.
+    #[cfg(any(
+        feature = "dynamic-loading",
+        all(feature = "fallback-dynamic-loading", not(feature = "dynamic-linking"))
+    ))]
     // SAFETY: only probes for the shared library.
     return unsafe { paged_decode::cudarc::nccl::sys::is_culib_present() };
-    #[cfg(not(any(feature = "dynamic-loading", feature = "fallback-dynamic-loading")))]
+    #[cfg(not(any(
+        feature = "dynamic-loading",
+        all(feature = "fallback-dynamic-loading", not(feature = "dynamic-linking"))
+    )))]
     true
 }
 
@@ -273,7 +281,7 @@ pub fn open_all(who: &str) -> Result<Option<Vec<Device>>, Error> {
     let first = match Device::open(0) {
         Ok(d) => d,
         Err(Error::NoDevice) => {
-            println!("{who}: no CUDA driver on this machine; it needs two NVIDIA GPUs");
+            println!("{who}: no CUDA driver or GPU on this machine; it needs two NVIDIA GPUs");
             return Ok(None);
         }
         Err(e) => return Err(e),

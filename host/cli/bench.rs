@@ -346,7 +346,7 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
     let device = match unsafe { Device::open_untracked(0) } {
         Ok(d) => d,
         Err(Error::NoDevice) => {
-            println!("no CUDA driver on this machine: nothing to benchmark");
+            println!("no CUDA driver or GPU on this machine: nothing to benchmark");
             return Ok(());
         }
         Err(e) => return Err(e.into()),

@@ -156,8 +156,9 @@ pub struct PageTableCheckParams {
     /// One u64: `min((request << 8) | code)` over all violations; `u64::MAX` if none.
     pub status: u64,
     /// Append mode: `[batch]` u64, each request's append slot as the store row
-    /// `page × page_size + last_page_len - 1` (meaningful only when no violation is reported; the
-    /// host finds two requests appending to one slot from it). 0 otherwise.
+    /// `page × page_size + last_page_len - 1`, or [`NO_APPEND_SLOT`] for a request without pages
+    /// (meaningful only when no violation is reported; the host finds two requests appending to
+    /// one slot from it). 0 otherwise.
     pub slots: u64,
     pub batch: u32,
     pub page_size: u32,

@@ -8,7 +8,7 @@ fn main() -> Result<(), Error> {
             let cc = paged_decode::device::DeviceProps::query(&device.ctx)?.compute_capability;
             println!("{}: loads the {:?} PTX build", device.name()?, ptx::build_for(cc));
         }
-        Err(Error::NoDevice) => println!("no CUDA driver on this machine"),
+        Err(Error::NoDevice) => println!("no CUDA driver or GPU on this machine"),
         Err(e) => return Err(e),
     }
     println!("{} kernel entry points embedded", ptx::entries(ptx::PTX).len());
