@@ -48,6 +48,7 @@ impl Device {
 
     /// Opens GPU `ordinal` with cudarc's cross-stream event tracking off: the device for CUDA
     /// graph capture and for the lowest launch overhead (no event record or wait per tensor).
+    /// [`Error::NoDevice`] as [`Device::open`].
     ///
     /// # Safety
     /// Every `CudaSlice` allocated in this context (it is shared by all streams of `ctx`, also

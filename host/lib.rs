@@ -22,7 +22,7 @@
 //! use paged_decode::*;
 //!
 //! # fn main() -> Result<()> {
-//! let dev = Device::open(0)?; // Err(Error::NoDevice) without a CUDA driver
+//! let dev = Device::open(0)?; // Err(Error::NoDevice) without a CUDA driver or GPU
 //! let s = &dev.stream;
 //! let (pages, kv_heads, page_size, head_dim) = (8, 2, 4, 64);
 //! let paged_kv = PagedKvCacheDescriptor { page_size, num_total_pages: pages, num_kv_heads: kv_heads, head_dim,

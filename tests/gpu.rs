@@ -1466,8 +1466,11 @@ fn checked_append_rejects_tables_that_lose_tokens() {
         paged_decode::reference::append(&desc, &token, &token, &mut k_ref, &mut v_ref, table.page_table())
             .unwrap();
         let mut buf = DeviceProblem::upload(s, table, 0).unwrap();
+        // `indptr` in a buffer longer than its shape, whose tail holds values no table has.
+        let padded = s.clone_htod(&[table.indptr.clone(), vec![i32::MAX, -1, 0]].concat()).unwrap();
         {
             let mut args = buf.append_args(&token_d, &token_d);
+            args.indptr = TensorRef::new(padded.slice(..), [5]);
             plan.run(s, &mut Workspace::none(), &mut args).unwrap();
         }
         assert_eq!(checksum(&s.clone_dtoh(&buf.k_data).unwrap()), checksum(&k_ref), "{name}: K");

@@ -218,6 +218,7 @@ fn run_store<T: Element + ProblemCache, C: ProblemCache>(
     (s.clone_dtoh(&o).unwrap(), s.clone_dtoh(&lse).unwrap(), plan.path(h.indices.len()))
 }
 
+/// Compares every request of (o, lse) with the reference; returns the worst relative error.
 fn check<T: Element>(what: &str, spec: &ProblemSpec, o: &[T], lse: &[f32], r: &DecodeOutput) -> f64 {
     compare_outputs(spec, o, lse, r).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
@@ -355,8 +356,6 @@ fn decode_variant_sweep() {
     );
 }
 
-/// One fixed case per (layout, variant) with every kernel path: whole, lean, split, scheduled,
-/// lean-scheduled.
 /// One explicit case: fresh random data of `spec` in `layout`, the variant, sinks of every kind
 /// (finite and `-inf`) when `sinks`, against the reference; the path it took.
 fn one<T: Element + ProblemCache>(
@@ -385,6 +384,8 @@ fn spec(lens: Vec<usize>, hq: usize, hkv: usize, d: usize, page: usize) -> Probl
     ProblemSpec { lens, ..ProblemSpec::uniform(1, 0, hq, hkv, d, page) }
 }
 
+/// One fixed case per (layout, variant) with every kernel path: whole, lean, split, scheduled,
+/// lean-scheduled.
 #[test]
 fn decode_variant_edge_cases() {
     let Some(dev) = device("decode_variant_edge_cases") else { return };

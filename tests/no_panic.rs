@@ -1019,7 +1019,10 @@ fn errors_display() {
         Error::MisalignedOperand { operand: "q", required: 16 },
         Error::WorkspaceTooSmall { needed: usize::MAX, got: 0 },
         Error::InvalidPageTable("x".into()),
+        Error::WorkspaceInUse { bound: 64, requested: 128 },
         Error::WrongDevice { operand: "k_data", expected: 1, found: 0 },
+        Error::UnorderedContext { operand: "o" },
+        Error::CaptureWithTracking,
         Error::CheckedUnderCapture,
         Error::NoDevice,
     ];

@@ -326,7 +326,9 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     /// requests append to the same slot, and the page a request appends to appears once in the
     /// table; a request without pages appends nothing) on the GPU, the last two rules on the host from a copy of the table; synchronizes
     /// `stream` and reports the first violation as [`Error::InvalidPageTable`]. Refused with
-    /// [`Error::CheckedUnderCapture`] while `stream` is being captured into a graph.
+    /// [`Error::CheckedUnderCapture`] while `stream` is being captured into a graph, and, as
+    /// [`Self::run`], with [`Error::WrongDevice`] or [`Error::UnorderedContext`] for operands the
+    /// stream cannot use.
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,

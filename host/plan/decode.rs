@@ -902,7 +902,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Validates the device page table of `args` on the GPU without reading out of bounds,
     /// then synchronizes `stream` and reports the first violation (lowest request) as
     /// [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`] while `stream`
-    /// is being captured into a graph.
+    /// is being captured into a graph, and, as [`Self::run`], with [`Error::WrongDevice`] or
+    /// [`Error::UnorderedContext`] for operands the stream cannot use.
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,

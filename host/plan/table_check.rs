@@ -113,9 +113,10 @@ fn append_collisions(
 ) -> Result<()> {
     let page_size = kv.page_size as u64;
     shared_append_slot(slots, page_size)?;
-    // The request ranges and the page ids up to their end, which the kernel found inside
-    // `indices`; `last_page_len` is not read.
-    let indptr = stream.clone_dtoh(&table.indptr.data)?;
+    // The request ranges (`indptr`'s first `batch + 1` entries, one slot per request: its storage
+    // may hold more) and the page ids up to their end, which the kernel found inside `indices`;
+    // `last_page_len` is not read.
+    let indptr = stream.clone_dtoh(&table.indptr.data.slice(..slots.len() + 1))?;
     let end = indptr.last().map_or(0, |&end| end.max(0) as usize);
     let indices = if end == 0 { Vec::new() } else { stream.clone_dtoh(&table.indices.data.slice(..end))? };
     let host = crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &[] };
