@@ -1717,16 +1717,7 @@ fn fp8_append_quantizes_bit_exactly() {
     fn one<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
         let mut rng = Rng::new(seed);
         let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
-        let row = 7 * 4 * d;
-        // Values up to twice E4M3's range after the scale, and the special values (a NaN of
-        // either sign: the device's arithmetic makes every NaN positive).
-        let mut key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
-        let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
-        for (i, x) in
-            [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 1e-7, 3e4, -f64::NAN].into_iter().enumerate()
-        {
-            key[i * 5] = T::from_f64(x);
-        }
+        let (key, value) = problem::quantization_tokens::<T>(&mut rng, 7 * 4 * d);
         assert!(key[30].to_f64().is_nan() && key[30].to_f64().is_sign_negative());
         let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
         let (mut k_ref, mut v_ref) = (codes(&host.k_data), codes(&host.v_data));

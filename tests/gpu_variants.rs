@@ -16,7 +16,7 @@ use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgs, BatchPagedDecodePlan, DecodePath, Device, Element,
-    ElementKind, Error, KvLayout, PagedKvAppendArgs, PagedKvAppendPairedArgs, PagedKvAppendPlan,
+    ElementKind, Error, KvLayout, KvScales, PagedKvAppendArgs, PagedKvAppendPairedArgs, PagedKvAppendPlan,
     PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
 };
 use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
@@ -677,47 +677,10 @@ fn append_into_every_layout() {
         let after = Store::new(layout, &desc.paged_kv, &k_ref, &v_ref);
 
         let plan = PagedKvAppendPlan::<T>::select(s, &desc, PlanPreference::default()).unwrap();
-        let kv = &desc.paged_kv;
-        let shape = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, kv.head_dim];
-        let key_d = s.clone_htod(&key).unwrap();
-        let value_d = s.clone_htod(&value).unwrap();
-        let indices = s.clone_htod(&host.indices).unwrap();
-        let indptr = s.clone_htod(&host.indptr).unwrap();
-        let last = s.clone_htod(&host.last_page_len).unwrap();
-        let n = host.indices.len() as i32;
-        let mut k_d = s.clone_htod(&before.k).unwrap();
-        let mut v_d = before.v.as_ref().map(|v| s.clone_htod(v).unwrap());
-        match &mut v_d {
-            Some(v_d) => {
-                let mut args = PagedKvAppendArgs {
-                    key: TensorRef::new(key_d.slice(..), [7, 4, d as i32]),
-                    value: TensorRef::new(value_d.slice(..), [7, 4, d as i32]),
-                    k_data: TensorMut::strided(k_d.slice_mut(before.k_offset..), shape, before.stride),
-                    v_data: TensorMut::strided(v_d.slice_mut(before.v_offset..), shape, before.stride),
-                    indices: TensorRef::new(indices.slice(..), [n]),
-                    indptr: TensorRef::new(indptr.slice(..), [8]),
-                    last_page_len: TensorRef::new(last.slice(..), [7]),
-                };
-                plan.run(s, &mut Workspace::none(), &mut args).unwrap();
-            }
-            None => {
-                let mut args = PagedKvAppendPairedArgs {
-                    key: TensorRef::new(key_d.slice(..), [7, 4, d as i32]),
-                    value: TensorRef::new(value_d.slice(..), [7, 4, d as i32]),
-                    kv_data: TensorMut::strided(k_d.slice_mut(before.k_offset..), shape, before.stride),
-                    v_offset: before.v_offset - before.k_offset,
-                    indices: TensorRef::new(indices.slice(..), [n]),
-                    indptr: TensorRef::new(indptr.slice(..), [8]),
-                    last_page_len: TensorRef::new(last.slice(..), [7]),
-                };
-                plan.run_paired(s, &mut Workspace::none(), &mut args).unwrap();
-            }
-        }
-        let k = s.clone_dtoh(&k_d).unwrap();
+        let (k, v) = append_into_store(dev, &plan, &host, &key, &value, &before, KvScales::ONE);
         assert_eq!(checksum(&k), checksum(&after.k), "{layout:?}: K store differs (page {page}, d {d})");
-        if let (Some(v_d), Some(v_after)) = (&v_d, &after.v) {
-            let v = s.clone_dtoh(v_d).unwrap();
-            assert_eq!(checksum(&v), checksum(v_after), "{layout:?}: V store differs (page {page}, d {d})");
+        if let (Some(v), Some(v_after)) = (&v, &after.v) {
+            assert_eq!(checksum(v), checksum(v_after), "{layout:?}: V store differs (page {page}, d {d})");
         }
     }
     for layout in LAYOUTS {
@@ -728,6 +691,119 @@ fn append_into_every_layout() {
         }
     }
     println!("append_into_every_layout: 5 layouts × f16/bf16/f32 × 3 geometries match the reference");
+}
+
+/// Quantizing appends (f16 tokens into E4M3, bf16 into E5M2) into every layout, the interleaved
+/// ones through `run_paired_scaled`: the store holds the reference's codes (`append_fp8`, with
+/// the store's scales) bit for bit, and nothing else changed.
+#[test]
+fn quantized_append_into_every_layout() {
+    let test = "quantized_append_into_every_layout";
+    let Some(dev) = device(test) else { return };
+    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
+    if cc.0 < 9 {
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: 8-bit caches need sm_90");
+        return;
+    }
+    for layout in LAYOUTS {
+        for (i, (page, d)) in [(1, 64), (16, 128), (7, 256)].into_iter().enumerate() {
+            quantized_append::<f16, F8E4M3>(&dev, layout, page, d, 40 + i as u64, F8E4M3::from_bits);
+            quantized_append::<bf16, F8E5M2>(&dev, layout, page, d, 50 + i as u64, F8E5M2::from_bits);
+        }
+    }
+    println!("{test}: 5 layouts × f16/E4M3 and bf16/E5M2 × 3 geometries match the reference's codes");
+}
+
+/// One case of [`quantized_append_into_every_layout`]; `from_code` makes a store element of a
+/// code.
+fn quantized_append<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    layout: Layout,
+    page: usize,
+    d: usize,
+    seed: u64,
+    from_code: fn(u8) -> C,
+) {
+    let s = &dev.stream;
+    let mut rng = Rng::new(seed);
+    let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
+    let (key, value) = problem::quantization_tokens::<T>(&mut rng, 7 * 4 * d);
+    let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
+    let (mut k_ref, mut v_ref) = (codes(&host.k_data), codes(&host.v_data));
+    paged_decode::reference::append_fp8(
+        &desc,
+        &key,
+        &value,
+        &mut k_ref,
+        &mut v_ref,
+        host.scales,
+        host.page_table(),
+    )
+    .unwrap();
+    let elements = |codes: &[u8]| codes.iter().map(|&c| from_code(c)).collect::<Vec<C>>();
+    let before = Store::new(layout, &desc.paged_kv, &host.k_data, &host.v_data);
+    let after = Store::new(layout, &desc.paged_kv, &elements(&k_ref), &elements(&v_ref));
+
+    let plan = PagedKvAppendPlan::<T, C>::select(s, &desc, PlanPreference::default()).unwrap();
+    let (k, v) = append_into_store(dev, &plan, &host, &key, &value, &before, host.scales);
+    let what = format!("{:?} into {:?} {layout:?} (page {page}, d {d})", T::KIND, C::CACHE_KIND);
+    assert!(codes(&k) == codes(&after.k), "{what}: K store differs");
+    if let (Some(v), Some(v_after)) = (&v, &after.v) {
+        assert!(codes(v) == codes(v_after), "{what}: V store differs");
+    }
+}
+
+/// Appends `key` and `value` (7 requests × 4 KV heads) by `host`'s page table into a device copy
+/// of `store` with `plan` and `scales` (the interleaved layouts through `run_paired_scaled`);
+/// returns the K buffer and, when V has its own, the V buffer after the append.
+fn append_into_store<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    plan: &PagedKvAppendPlan<T, C>,
+    host: &HostProblem<T, C>,
+    key: &[T],
+    value: &[T],
+    store: &Store<C>,
+    scales: KvScales,
+) -> (Vec<C>, Option<Vec<C>>) {
+    let s = &dev.stream;
+    let kv = &host.desc.paged_kv;
+    let d = kv.head_dim;
+    let shape = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+    let key_d = s.clone_htod(key).unwrap();
+    let value_d = s.clone_htod(value).unwrap();
+    let indices = s.clone_htod(&host.indices).unwrap();
+    let indptr = s.clone_htod(&host.indptr).unwrap();
+    let last = s.clone_htod(&host.last_page_len).unwrap();
+    let n = host.indices.len() as i32;
+    let mut k_d = s.clone_htod(&store.k).unwrap();
+    let mut v_d = store.v.as_ref().map(|v| s.clone_htod(v).unwrap());
+    match &mut v_d {
+        Some(v_d) => {
+            let mut args = PagedKvAppendArgs {
+                key: TensorRef::new(key_d.slice(..), [7, 4, d]),
+                value: TensorRef::new(value_d.slice(..), [7, 4, d]),
+                k_data: TensorMut::strided(k_d.slice_mut(store.k_offset..), shape, store.stride),
+                v_data: TensorMut::strided(v_d.slice_mut(store.v_offset..), shape, store.stride),
+                indices: TensorRef::new(indices.slice(..), [n]),
+                indptr: TensorRef::new(indptr.slice(..), [8]),
+                last_page_len: TensorRef::new(last.slice(..), [7]),
+            };
+            plan.run_scaled(s, &mut Workspace::none(), &mut args, scales).unwrap();
+        }
+        None => {
+            let mut args = PagedKvAppendPairedArgs {
+                key: TensorRef::new(key_d.slice(..), [7, 4, d]),
+                value: TensorRef::new(value_d.slice(..), [7, 4, d]),
+                kv_data: TensorMut::strided(k_d.slice_mut(store.k_offset..), shape, store.stride),
+                v_offset: store.v_offset - store.k_offset,
+                indices: TensorRef::new(indices.slice(..), [n]),
+                indptr: TensorRef::new(indptr.slice(..), [8]),
+                last_page_len: TensorRef::new(last.slice(..), [7]),
+            };
+            plan.run_paired_scaled(s, &mut Workspace::none(), &mut args, scales).unwrap();
+        }
+    }
+    (s.clone_dtoh(&k_d).unwrap(), v_d.map(|v_d| s.clone_dtoh(&v_d).unwrap()))
 }
 
 /// Sinks of another context, or of the wrong shape, are refused before anything runs.

@@ -270,6 +270,20 @@ macro_rules! problem_cache_fp8 {
 }
 problem_cache_fp8!(paged_decode::float8::F8E4M3, paged_decode::float8::F8E5M2);
 
+/// Key and value rows of `len` elements for a quantizing append: values up to twice E4M3's range
+/// after [`FP8_PROBLEM_SCALES`], and in the key the special values every 5th element from the
+/// first (±inf, NaN, -0, 1e-7, 3e4, and at element 30 a NaN of the other sign: the device's
+/// arithmetic makes every NaN positive). `len` ≥ 31.
+pub fn quantization_tokens<T: Element>(rng: &mut Rng, len: usize) -> (Vec<T>, Vec<T>) {
+    let mut key: Vec<T> = (0..len).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
+    let value: Vec<T> = (0..len).map(|_| T::from_f64(rng.symmetric() * 4.0)).collect();
+    let specials = [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 1e-7, 3e4, -f64::NAN];
+    for (i, x) in specials.into_iter().enumerate() {
+        key[i * 5] = T::from_f64(x);
+    }
+    (key, value)
+}
+
 /// Dequantization scales of the problems' 8-bit stores: random values in `[-1, 1)` become codes
 /// up to ±270 (within E4M3's ±448), and scales that are not powers of two exercise the rounding.
 pub const FP8_PROBLEM_SCALES: KvScales = KvScales { k_scale: 0.0042, v_scale: 0.0037 };

@@ -376,10 +376,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         args: &mut PagedKvAppendArgs<'_, T, C>,
         scales: KvScales,
     ) -> Result<()> {
-        let scales = scales.check()?;
-        if !Self::QUANTIZES && scales != KvScales::ONE {
-            return Err(invalid(format!("{scales:?}: scales apply to quantizing appends only")));
-        }
+        let scales = Self::checked_scales(scales)?;
         if self.pref.checked {
             self.check_page_table(stream, args)?;
         }
@@ -396,14 +393,36 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)
     }
 
+    /// `scales` when finite and positive, and 1 for a plan that copies.
+    fn checked_scales(scales: KvScales) -> Result<KvScales> {
+        let scales = scales.check()?;
+        if !Self::QUANTIZES && scales != KvScales::ONE {
+            return Err(invalid(format!("{scales:?}: scales apply to quantizing appends only")));
+        }
+        Ok(scales)
+    }
+
     /// [`Self::run`] into K and V stores that share one allocation ([`PagedKvAppendPairedArgs`]:
     /// vLLM's and FlashInfer's interleaved `[pages, 2, …]` tensors).
     pub fn run_paired(
         &self,
         stream: &Arc<CudaStream>,
-        _workspace: &mut Workspace<'_>,
+        workspace: &mut Workspace<'_>,
         args: &mut PagedKvAppendPairedArgs<'_, T, C>,
     ) -> Result<()> {
+        self.run_paired_scaled(stream, workspace, args, KvScales::ONE)
+    }
+
+    /// [`Self::run_paired`] quantizing with `scales`, as [`Self::run_scaled`] (an 8-bit cache in
+    /// vLLM's interleaved layout with its per-tensor K and V scales).
+    pub fn run_paired_scaled(
+        &self,
+        stream: &Arc<CudaStream>,
+        _workspace: &mut Workspace<'_>,
+        args: &mut PagedKvAppendPairedArgs<'_, T, C>,
+        scales: KvScales,
+    ) -> Result<()> {
+        let scales = Self::checked_scales(scales)?;
         let layout = PagedKvAppendArgsLayout {
             key: args.key.layout(),
             value: args.value.layout(),
@@ -435,7 +454,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
         let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
         let tokens = [table[0].0, table[1].0];
-        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), KvScales::ONE)
+        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)
     }
 
     /// Launches the append kernel on device addresses whose tensors were checked against the
