@@ -479,6 +479,15 @@ fn decode_variant_edge_cases() {
     println!("decode_variant_edge_cases: passed on paths {paths:?}");
 }
 
+/// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.
+fn runs_fp8(dev: &Device, test: &str) -> bool {
+    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
+    if cc.0 < 9 {
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: 8-bit caches need sm_90");
+    }
+    cc.0 >= 9
+}
+
 /// 8-bit caches (f16 q over E4M3, bf16 q over E5M2) in every layout, with and without a window
 /// and sinks, on the split, whole, lean (one KV head per CTA and stacked) and scheduled paths,
 /// against the float64 reference over the same layout of the dequantized values (rounded to
@@ -487,9 +496,7 @@ fn decode_variant_edge_cases() {
 fn fp8_decode_in_every_layout() {
     let test = "fp8_decode_in_every_layout";
     let Some(dev) = device(test) else { return };
-    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
-    if cc.0 < 9 {
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: 8-bit caches need sm_90");
+    if !runs_fp8(&dev, test) {
         return;
     }
     let spare = |n| PlanPreference { spare_chunks: Some(n), ..PlanPreference::default() };
@@ -700,9 +707,7 @@ fn append_into_every_layout() {
 fn quantized_append_into_every_layout() {
     let test = "quantized_append_into_every_layout";
     let Some(dev) = device(test) else { return };
-    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
-    if cc.0 < 9 {
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: 8-bit caches need sm_90");
+    if !runs_fp8(&dev, test) {
         return;
     }
     for layout in LAYOUTS {

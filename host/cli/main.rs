@@ -234,7 +234,7 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
     for &b in &sample {
         let r = host.reference_request(b)?;
         let (o_b, lse_b) = (&o[b * row..(b + 1) * row], &lse[b * heads..(b + 1) * heads]);
-        worst = worst.max(compare_request(&spec, b, o_b, lse_b, &r)?);
+        worst = worst.max(compare_request(&spec, b, (o_b, lse_b), (&r.o, &r.lse))?);
     }
     println!("checked requests {sample:?} against the CPU reference: max rel err {worst:.2e}");
 

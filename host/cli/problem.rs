@@ -609,35 +609,32 @@ pub fn compare_outputs<T: Element>(
     for b in 0..spec.batch() {
         let out = o.get(b * row..(b + 1) * row).ok_or("o is shorter than the batch")?;
         let out_lse = lse.get(b * heads..(b + 1) * heads).ok_or("lse is shorter than the batch")?;
-        let want = paged_decode::reference::DecodeOutput {
-            o: r.o.get(b * row..(b + 1) * row).unwrap_or(&[]).to_vec(),
-            lse: r.lse.get(b * heads..(b + 1) * heads).unwrap_or(&[]).to_vec(),
-        };
-        worst = worst.max(compare_request(spec, b, out, out_lse, &want)?);
+        let want_o = r.o.get(b * row..(b + 1) * row).unwrap_or(&[]);
+        let want_lse = r.lse.get(b * heads..(b + 1) * heads).unwrap_or(&[]);
+        worst = worst.max(compare_request(spec, b, (out, out_lse), (want_o, want_lse))?);
     }
     Ok(worst)
 }
 
-/// Compares request `b`'s output rows (`o`: `[Hq, D]`, `lse`: `[Hq]`) with its reference `r`
-/// ([`HostProblem::reference_request`]); returns the relative error of `o`. NaN never passes, and
-/// a `-inf` reference lse takes exactly `-inf`.
+/// Compares request `b`'s output rows (`o`: `[Hq, D]`, `lse`: `[Hq]`) with its reference rows
+/// ([`HostProblem::reference_request`]'s, or a batch reference's); returns the relative error of
+/// `o`. NaN never passes, and a `-inf` reference lse takes exactly `-inf`.
 pub fn compare_request<T: Element>(
     spec: &ProblemSpec,
     b: usize,
-    o: &[T],
-    lse: &[f32],
-    r: &paged_decode::reference::DecodeOutput,
+    (o, lse): (&[T], &[f32]),
+    (want_o, want_lse): (&[f64], &[f64]),
 ) -> std::result::Result<f64, String> {
     let (tol, lse_tol) = tolerances(T::KIND);
     let len = spec.lens.get(b).copied().unwrap_or(0);
-    if o.len() != r.o.len() || lse.len() != r.lse.len() {
+    if o.len() != want_o.len() || lse.len() != want_lse.len() {
         return Err(format!("request {b}: output rows of another shape than the reference's"));
     }
-    let err = rel_l2(o.iter().map(|x| x.to_f64()), &r.o);
+    let err = rel_l2(o.iter().map(|x| x.to_f64()), want_o);
     if err.is_nan() || err > tol {
         return Err(format!("request {b} (len {len}) rel err {err:.3e} > {tol:.0e}"));
     }
-    for (h, (&got, &want)) in lse.iter().zip(&r.lse).enumerate() {
+    for (h, (&got, &want)) in lse.iter().zip(want_lse).enumerate() {
         let got = got as f64;
         let ok = if want == f64::NEG_INFINITY { got == want } else { (got - want).abs() <= lse_tol };
         if !ok {
