@@ -39,7 +39,7 @@ impl Device {
     /// Orders its slices across any number of streams, but for the one case cudarc's tracking
     /// leaves to the caller: reads of one slice on two streams, then a write or drop (see
     /// [`Device`]). A plan's `run` on its capturing stream is refused with
-    /// [`Error::CaptureWithTracking`] before anything is enqueued (and cudarc's own copies there
+    /// [`Error::CaptureWithTracking`] before any kernel is enqueued (and cudarc's own copies there
     /// would wait on events recorded before the capture, which invalidates it). Use
     /// [`Device::open_untracked`] to capture.
     pub fn open(ordinal: usize) -> Result<Self> {

@@ -55,7 +55,7 @@ pub(crate) fn refuse_capture(stream: &CudaStream) -> Result<()> {
 /// [`Error::CaptureWithTracking`] while `stream` is capturing in a context that tracks events: a
 /// graph replays raw addresses no borrow keeps alive, so capture needs a context whose tracking
 /// an `unsafe` call turned off, whose caller takes on the graph's rules
-/// ([`Device::open_untracked`](crate::Device::open_untracked)). One driver query per run in a
+/// ([`Device::open_untracked`](crate::Device::open_untracked)). One driver query per call in a
 /// tracking context, none in another.
 pub(crate) fn refuse_tracked_capture(stream: &CudaStream) -> Result<()> {
     if !stream.context().is_event_tracking() {

@@ -110,9 +110,13 @@
 //! dropped, or `CudaContext::disable_event_tracking`, whose caller takes on the same rules for
 //! the runs it captures (cudarc's contract for it does not name graphs; the check can only
 //! tell that an `unsafe` call was made). In a context that tracks events (cudarc's default)
-//! a `run` on a capturing stream is refused with [`Error::CaptureWithTracking`], before
-//! anything is enqueued; that costs one driver query per run there. (cudarc's own copies and
-//! memsets can still be captured by safe code: that is cudarc's API.)
+//! a `run` on a capturing stream is refused with [`Error::CaptureWithTracking`], before any
+//! kernel is enqueued. The status is read before the operands are taken and again right before
+//! the launch: taking an operand makes the stream wait for the operand's last cudarc event, and
+//! a wait for an event recorded in another stream's capture draws the stream into that capture.
+//! That costs two driver queries per run there. (cudarc's own copies and memsets can still be
+//! captured by safe code, as can any launch when another thread begins a capture on the same
+//! stream between that last check and the launch: that is cudarc's API.)
 //!
 //! # Contracts
 //!

@@ -160,9 +160,12 @@ impl<'a> Workspace<'a> {
     /// Zeroes `bytes` on `stream` (stream-ordered, no synchronization) and returns them as a
     /// workspace. The bytes are an operand of `stream` as a launch's are: of its driver context,
     /// and ordered with it by cudarc's event tracking ([`crate::Error::WrongDevice`],
-    /// [`crate::Error::UnorderedContext`]).
+    /// [`crate::Error::UnorderedContext`]); and, as a run, refused on a stream that is capturing
+    /// in a context that tracks events ([`crate::Error::CaptureWithTracking`]: a captured zeroing
+    /// would run again at each replay, into bytes nothing keeps alive).
     pub fn zeroed(stream: &Arc<CudaStream>, mut bytes: CudaViewMut<'a, u8>) -> crate::Result<Self> {
         crate::guard::same_context(stream.context(), "workspace", bytes.stream().context())?;
+        crate::guard::refuse_tracked_capture(stream)?;
         stream.memset_zeros(&mut bytes)?;
         Ok(Self { bytes: Some(bytes), split_state_bytes: None })
     }

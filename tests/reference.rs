@@ -882,7 +882,7 @@ fn fp8_append_quantizes_each_element_as_documented() {
         // Out of range saturates to the largest finite code of its sign, NaN stays NaN of its
         // sign.
         let dst = store_row(&kv, 5, 0, 2);
-        let max = format.max_finite;
+        let max = format.max_finite();
         assert_eq!(&k[dst..dst + 4], &[max, 0x80 | max, max, 0x80 | max]);
         assert!(fp8_to_f32(format, k[dst + 4]).is_nan() && fp8_to_f32(format, k[dst + 8]).is_nan());
         assert_eq!([k[dst + 4], k[dst + 8]], [0x7f, 0xff]);

@@ -459,7 +459,9 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
 
     /// Launches the append kernel on device addresses whose tensors were checked against the
     /// descriptor (`key`/`value`, the K/V views, `indices`/`indptr`/`last_page_len` with the
-    /// extent of `indices`).
+    /// extent of `indices`), taken on `stream` just before: the capture check runs again here,
+    /// since a wait for an operand's event recorded in another stream's capture draws `stream`
+    /// into that capture.
     fn launch(
         &self,
         stream: &Arc<CudaStream>,
@@ -469,6 +471,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
         ([indices, indptr, last], num_indices): ([u64; 3], i32),
         scales: KvScales,
     ) -> Result<()> {
+        guard::refuse_tracked_capture(stream)?;
         let kv = &self.desc.paged_kv;
         for (name, ptr) in [("key", key), ("value", value), ("k_data", k), ("v_data", v)] {
             aligned(name, ptr, 16)?;

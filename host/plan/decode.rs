@@ -602,7 +602,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// The caller guarantees a valid page table (see [`crate::page_table`]); with an invalid one
     /// the output is unspecified but every access stays inside the given tensors.
     ///
-    /// Refused before anything is enqueued: a stream of another context than the plan's, or a
+    /// Refused before any kernel is enqueued: a stream of another context than the plan's, or a
     /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]); a
     /// tensor or workspace of another `CudaContext` object whose event tracking does not order it
     /// with the stream ([`Error::UnorderedContext`]); a run on a capturing stream in a context
@@ -777,6 +777,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         };
         let Launch { kernel: decode_fn, config: cfg, .. } =
             self.launch_for(path, stack_shift, num_indices as usize);
+        // Again now that the operands are taken: a wait for an operand's event recorded in
+        // another stream's capture draws this stream into that capture.
+        guard::refuse_tracked_capture(stream)?;
         if let (true, Some(schedule)) = (scheduled, &self.schedule_fn) {
             let one_cta = LaunchConfig {
                 grid_dim: (1, 1, 1),

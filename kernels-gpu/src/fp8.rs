@@ -13,18 +13,27 @@
 //! `cvt.rn.satfinite` does on sm_89+). NaN stays NaN (sign kept, all mantissa bits set).
 //! Dequantization is exact.
 
-/// Bit layout of one 8-bit format.
+/// Bit layout of one 8-bit format: [`E4M3`] or [`E5M2`] (its fields are private, so that the
+/// conversions' shifts only ever see these two).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fp8Layout {
     /// Mantissa bits.
-    pub mantissa_bits: u32,
+    mantissa_bits: u32,
     /// Exponent bias.
-    pub bias: i32,
+    bias: i32,
     /// Largest finite code without the sign.
-    pub max_finite: u8,
+    max_finite: u8,
     /// Whether the all-ones exponent is infinity / NaN (E5M2) rather than an ordinary binade
     /// whose all-ones mantissa alone is NaN (E4M3).
-    pub ieee_specials: bool,
+    ieee_specials: bool,
+}
+
+impl Fp8Layout {
+    /// The largest finite code without the sign (`0x7e` for E4M3, `0x7b` for E5M2).
+    #[inline(always)]
+    pub const fn max_finite(self) -> u8 {
+        self.max_finite
+    }
 }
 
 /// E4M3 (`e4m3fn`).
