@@ -182,6 +182,10 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
     let sums = block_sum_u64(mine, 5);
     let (cut_items, whole_items) = (sums as u32, (sums >> 32) as u32);
     grid_dependency_wait();
+    // The pairs stay within the items summed above and the map the host sized for `num_chunks`,
+    // also when a broken page-table promise lets the table change across the wait (the counts
+    // read again here then differ from the summed ones).
+    let capacity = (cut_items + whole_items).min(p.num_chunks);
     for b in first..first + count {
         let n = request_chunks(len(b), chunk_tokens, p.unsplit_max_tokens);
         let at = if n > 1 {
@@ -191,7 +195,7 @@ pub unsafe fn schedule_chunks(p: &DecodeParams) {
             whole_before += n;
             cut_items + whole_before - n
         };
-        for i in 0..n {
+        for i in 0..n.min(capacity.saturating_sub(at)) {
             unsafe {
                 let pair = map.add(2 + 2 * (at + i) as usize);
                 *pair = b;
