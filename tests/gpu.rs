@@ -1,13 +1,14 @@
 //! GPU tests: every kernel against the float64 CPU reference. On a machine without a CUDA
 //! driver each test prints a skip line and passes.
 
+mod gpu_support;
 #[path = "../host/cli/problem.rs"]
 #[allow(dead_code)]
 mod problem;
 
-use std::io::Write;
 use std::sync::mpsc;
 
+use gpu_support::{device, fp8_device, opened, runs_fp8, skipped};
 use half::{bf16, f16};
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::plan::DecodeConfig;
@@ -18,12 +19,6 @@ use paged_decode::{
 };
 use problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
 
-/// GPU 0 with cudarc's event tracking on (the safe default), or `None` (and a skip line) without
-/// a driver.
-fn device(test: &str) -> Option<Device> {
-    opened(test, Device::open(0))
-}
-
 /// GPU 0 with event tracking off, for tests that capture graphs.
 ///
 /// Callers issue all work on `Device::stream` and drop every graph before the buffers it uses.
@@ -31,22 +26,6 @@ fn capture_device(test: &str) -> Option<Device> {
     // SAFETY: the callers' contract above: one stream orders every use and free of the slices,
     // and captured graphs do not outlive their buffers.
     opened(test, unsafe { Device::open_untracked(0) })
-}
-
-fn opened(test: &str, device: paged_decode::Result<Device>) -> Option<Device> {
-    match device {
-        Ok(d) => Some(d),
-        Err(Error::NoDevice) => {
-            skipped(test, "no CUDA driver or GPU on this machine");
-            None
-        }
-        Err(e) => panic!("{test}: opening the GPU failed: {e}"),
-    }
-}
-
-fn skipped(test: &str, why: &str) {
-    // Written to the process's stderr directly so the test harness does not capture it.
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
 /// Runs the plan with NaN-poisoned outputs and returns (o, lse).
@@ -1559,15 +1538,6 @@ fn portable_build_on_request() {
     );
 }
 
-/// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.
-fn runs_fp8(dev: &Device, test: &str) -> bool {
-    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
-    if cc.0 < 9 {
-        skipped(test, &format!("compute capability {}.{}: 8-bit caches need sm_90", cc.0, cc.1));
-    }
-    cc.0 >= 9
-}
-
 /// Selects, runs (scaled, outputs poisoned) and checks an 8-bit cache problem against the float64
 /// reference over the dequantized cache, at q's tolerance.
 fn fp8_run_and_check<T: Element + ProblemCache, C: ProblemCache>(
@@ -1628,10 +1598,7 @@ fn prepare_fp8(i: usize, spec: &ProblemSpec) -> PreparedFp8 {
 #[test]
 fn fp8_decode_random_sweep() {
     let test = "fp8_decode_random_sweep";
-    let Some(dev) = device(test) else { return };
-    if !runs_fp8(&dev, test) {
-        return;
-    }
+    let Some(dev) = fp8_device(test) else { return };
     let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xF8F8);
     let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200) / 2;
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
@@ -1710,10 +1677,7 @@ fn fp8_decode_random_sweep() {
 #[test]
 fn fp8_append_quantizes_bit_exactly() {
     let test = "fp8_append_quantizes_bit_exactly";
-    let Some(dev) = device(test) else { return };
-    if !runs_fp8(&dev, test) {
-        return;
-    }
+    let Some(dev) = fp8_device(test) else { return };
     fn one<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
         let mut rng = Rng::new(seed);
         let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
@@ -1826,10 +1790,7 @@ fn fp8_append_quantizes_bit_exactly() {
 #[test]
 fn fp8_windows_and_sinks() {
     let test = "fp8_windows_and_sinks";
-    let Some(dev) = device(test) else { return };
-    if !runs_fp8(&dev, test) {
-        return;
-    }
+    let Some(dev) = fp8_device(test) else { return };
     let spare = |n| PlanPreference { spare_chunks: Some(n), ..PlanPreference::default() };
     // (lengths, query heads, KV heads, head_dim, window, the plan's preference)
     let cases: Vec<(Vec<usize>, usize, usize, usize, u32, PlanPreference)> = vec![

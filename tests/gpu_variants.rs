@@ -4,13 +4,13 @@
 //! `reference::append`). On a machine without a CUDA driver each test prints a skip line and
 //! passes.
 
+mod gpu_support;
 #[path = "../host/cli/problem.rs"]
 #[allow(dead_code)]
 mod problem;
 
-use std::io::Write;
-
 use cudarc::driver::CudaSlice;
+use gpu_support::{device, fp8_device};
 use half::{bf16, f16};
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
@@ -20,18 +20,6 @@ use paged_decode::{
     PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
 };
 use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
-
-fn device(test: &str) -> Option<Device> {
-    match Device::open(0) {
-        Ok(d) => Some(d),
-        Err(Error::NoDevice) => {
-            let _ =
-                writeln!(std::io::stderr().lock(), "SKIPPED {test}: no CUDA driver or GPU on this machine");
-            None
-        }
-        Err(e) => panic!("{test}: opening the GPU failed: {e}"),
-    }
-}
 
 /// The K/V store layouts the plans take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -479,15 +467,6 @@ fn decode_variant_edge_cases() {
     println!("decode_variant_edge_cases: passed on paths {paths:?}");
 }
 
-/// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.
-fn runs_fp8(dev: &Device, test: &str) -> bool {
-    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
-    if cc.0 < 9 {
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: 8-bit caches need sm_90");
-    }
-    cc.0 >= 9
-}
-
 /// 8-bit caches (f16 q over E4M3, bf16 q over E5M2) in every layout, with and without a window
 /// and sinks, on the split, whole, lean (one KV head per CTA and stacked) and scheduled paths,
 /// against the float64 reference over the same layout of the dequantized values (rounded to
@@ -495,10 +474,7 @@ fn runs_fp8(dev: &Device, test: &str) -> bool {
 #[test]
 fn fp8_decode_in_every_layout() {
     let test = "fp8_decode_in_every_layout";
-    let Some(dev) = device(test) else { return };
-    if !runs_fp8(&dev, test) {
-        return;
-    }
+    let Some(dev) = fp8_device(test) else { return };
     let spare = |n| PlanPreference { spare_chunks: Some(n), ..PlanPreference::default() };
     let cases = [
         ("ragged", spec(vec![0, 1, 16, 33, 0, 2500], 32, 8, 128, 16), PlanPreference::default()),
@@ -706,10 +682,7 @@ fn append_into_every_layout() {
 #[test]
 fn quantized_append_into_every_layout() {
     let test = "quantized_append_into_every_layout";
-    let Some(dev) = device(test) else { return };
-    if !runs_fp8(&dev, test) {
-        return;
-    }
+    let Some(dev) = fp8_device(test) else { return };
     for layout in LAYOUTS {
         for (i, (page, d)) in [(1, 64), (16, 128), (7, 256)].into_iter().enumerate() {
             quantized_append::<f16, F8E4M3>(&dev, layout, page, d, 40 + i as u64, F8E4M3::from_bits);

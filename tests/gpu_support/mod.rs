@@ -1,0 +1,45 @@
+//! Opening the GPU for the GPU test suites (`tests/gpu.rs`, `tests/gpu_variants.rs`), with a
+//! visible skip line where a test cannot run.
+
+use std::io::Write;
+
+use paged_decode::{Device, Error};
+
+/// GPU 0 with cudarc's event tracking on (the safe default), or `None` (and a skip line) without
+/// a driver.
+pub fn device(test: &str) -> Option<Device> {
+    opened(test, Device::open(0))
+}
+
+/// [`device`] when it runs the 8-bit cache kernels (sm_90 and newer), else `None` and a skip line.
+pub fn fp8_device(test: &str) -> Option<Device> {
+    device(test).filter(|dev| runs_fp8(dev, test))
+}
+
+/// The device `open` returned, `None` and a skip line without a driver; a panic on any other
+/// failure.
+pub fn opened(test: &str, device: paged_decode::Result<Device>) -> Option<Device> {
+    match device {
+        Ok(d) => Some(d),
+        Err(Error::NoDevice) => {
+            skipped(test, "no CUDA driver or GPU on this machine");
+            None
+        }
+        Err(e) => panic!("{test}: opening the GPU failed: {e}"),
+    }
+}
+
+/// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.
+pub fn runs_fp8(dev: &Device, test: &str) -> bool {
+    let cc = paged_decode::device::DeviceProps::query(&dev.ctx).unwrap().compute_capability;
+    if cc.0 < 9 {
+        skipped(test, &format!("compute capability {}.{}: 8-bit caches need sm_90", cc.0, cc.1));
+    }
+    cc.0 >= 9
+}
+
+/// A skip line, written to the process's stderr directly so that the test harness does not
+/// capture it.
+pub fn skipped(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
+}
