@@ -342,8 +342,9 @@ pub struct PlanPreference {
     /// the lean kernel. For tuning; ignored over an 8-bit cache and by the portable build, which
     /// have no lean split kernel.
     pub lean_spare_chunks: Option<u32>,
-    /// Programmatic launches without [`Self::stable_page_table`]: whole-request launches of at
-    /// most this many CTAs take the entries that guess their page lookup before the wait
+    /// Programmatic launches without [`Self::stable_page_table`]: whole-request launches, and
+    /// split-path ones over a 16-bit cache, of at most this many CTAs take the entries that guess
+    /// their page lookup before the wait
     /// ([`crate::plan::BatchPagedDecodePlan::guesses_page_lookup`]) instead of the plan's bound,
     /// one CTA per SM; `Some(0)` never guesses. For tuning.
     pub guess_max_ctas: Option<u32>,

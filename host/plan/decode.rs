@@ -155,10 +155,12 @@ struct DecodeEntries {
     lean: Option<LeanEntries<String>>,
     /// With it, the lean split kernel, when the configuration has a lean scheduled partition.
     lean_split: Option<String>,
-    /// Default programmatic launches with plain logits: the entries of the whole kernel and of
-    /// the lean one that guess their page lookup ([`entry::decode_guess`]).
+    /// Default programmatic launches with plain logits: the entries of the whole kernel, of
+    /// the lean one and (split configurations over a 16-bit cache) of the split one that guess
+    /// their page lookup ([`entry::decode_guess`]).
     guess_whole: Option<String>,
     guess_lean: Option<String>,
+    guess_split: Option<String>,
 }
 
 impl DecodeEntries {
@@ -197,6 +199,8 @@ impl DecodeEntries {
             guess_lean: lean
                 .filter(|_| guess)
                 .map(|_| entry::decode_guess(DecodeVariant::Lean, q_element, cache, d)),
+            guess_split: (guess && split && cache.fp8_layout().is_none())
+                .then(|| entry::decode_guess(DecodeVariant::Split, q_element, cache, d)),
         }
     }
 
@@ -205,7 +209,10 @@ impl DecodeEntries {
         let lean = self.lean.iter().flat_map(|l| l.iter()).map(String::as_str);
         [Some(self.decode.as_str()), self.whole.as_deref(), self.schedule, Some(entry::CHECK_PAGE_TABLE)]
             .into_iter()
-            .chain([&self.lean_split, &self.guess_whole, &self.guess_lean].map(Option::as_deref))
+            .chain(
+                [&self.lean_split, &self.guess_whole, &self.guess_lean, &self.guess_split]
+                    .map(Option::as_deref),
+            )
             .flatten()
             .chain(lean)
             .collect()
@@ -295,11 +302,13 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     /// The lean split kernel, for short requests over a scheduled partition
     /// ([`DecodeConfig::lean_spare_chunks`]).
     lean_split_fn: Option<CudaFunction>,
-    /// The whole and lean kernels that guess their page lookup before the wait, launched instead
-    /// of `whole_fn` (or the unsplit `decode_fn`) and the lean kernel when their grid has at most
+    /// The whole, lean and split kernels that guess their page lookup before the wait, launched
+    /// instead of `whole_fn` (or the unsplit `decode_fn`), the lean kernel and the split
+    /// `decode_fn` (on the split path, not the scheduled one) when their grid has at most
     /// `guess_max_ctas` CTAs (the lean one, of one KV head per CTA, only unstacked).
     guess_whole_fn: Option<CudaFunction>,
     guess_lean_fn: Option<CudaFunction>,
+    guess_split_fn: Option<CudaFunction>,
     /// The SM count ([`PlanPreference::guess_max_ctas`] for tuning): in a launch of at most one
     /// CTA per SM, every CTA starts under the previous kernel and few CTAs read each page-table
     /// line. Up to two per SM, the whole kernel's guessing entry ran 1–3 % faster on most rows but
@@ -504,6 +513,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             (Some(lean), Some(name)) => Some(device::function(ctx, arch, name, lean.smem_bytes)?),
             _ => None,
         };
+        let guess_split_fn = match &entries.guess_split {
+            Some(name) => Some(device::function(ctx, arch, name, config.smem_bytes)?),
+            None => None,
+        };
         Ok(Self {
             whole_fn,
             schedule_fn,
@@ -511,6 +524,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             lean_split_fn,
             guess_whole_fn,
             guess_lean_fn,
+            guess_split_fn,
             guess_max_ctas: pref.guess_max_ctas.unwrap_or(props.sm_count),
             desc: *desc,
             variant: *variant,
@@ -800,8 +814,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Whether `run` launches, for a page table of `num_indices` slots, an entry that guesses its
     /// page lookup before waiting for the previous kernel (and confirms it after the wait): a
     /// programmatic launch without [`PlanPreference::stable_page_table`], with plain logits, of
-    /// requests in one chunk each, whose grid has at most one CTA per SM (or
-    /// [`PlanPreference::guess_max_ctas`]).
+    /// requests in one chunk each or (a 16-bit cache) on the split path, whose grid has at most
+    /// one CTA per SM (or [`PlanPreference::guess_max_ctas`]).
     pub fn guesses_page_lookup(&self, num_indices: usize) -> bool {
         let path = self.path(num_indices);
         self.launch_for(path, self.stack_shift(path, num_indices), num_indices).guessing
@@ -838,15 +852,17 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             block_dim: (params::DECODE_THREADS, 1, 1),
             shared_mem_bytes: smem_bytes,
         };
-        // A whole-request launch of at most `guess_max_ctas` CTAs (one per SM) takes the entry that
-        // guesses its page lookup before the wait, where one is loaded (the lean one unstacked).
+        // A launch of at most `guess_max_ctas` CTAs (one per SM) takes the entry that guesses its
+        // page lookup before the wait, where one is loaded (the lean one unstacked; the split one
+        // on the split path, whose CTAs derive the partition themselves).
         let ctas = config.grid_dim.0 as u64 * config.grid_dim.1 as u64;
         let guessing_kernel = match path {
             _ if ctas > self.guess_max_ctas as u64 => None,
             DecodePath::Lean if stack_shift == 0 => self.guess_lean_fn.as_ref(),
             DecodePath::Lean => None,
             DecodePath::Whole => self.guess_whole_fn.as_ref(),
-            DecodePath::Split | DecodePath::Scheduled | DecodePath::LeanScheduled => None,
+            DecodePath::Split => self.guess_split_fn.as_ref(),
+            DecodePath::Scheduled | DecodePath::LeanScheduled => None,
         };
         Launch { kernel: guessing_kernel.unwrap_or(kernel), config, guessing: guessing_kernel.is_some() }
     }

@@ -75,15 +75,17 @@ fn decode_name(
     format!("decode_{kernel}{logits}{variant}_{}_d{head_dim}", element_name(element))
 }
 
-/// `decode_mma_guess[_lean]_{element}_d{head_dim}` (a 16-bit cache) or
-/// `decode_mma_guess[_lean]_{q}_{cache}_d{head_dim}` (an 8-bit one): the whole-request
-/// tensor-core decode with plain logits that guesses its page lookup before waiting for the
-/// previous kernel (sm_90 build only; [`DecodeVariant::Whole`] or [`DecodeVariant::Lean`]). The
-/// guessing lean entries cover one KV head per CTA.
+/// `decode_mma_guess[_lean|_split]_{element}_d{head_dim}` (a 16-bit cache) or
+/// `decode_mma_guess[_lean]_{q}_{cache}_d{head_dim}` (an 8-bit one): the tensor-core decode with
+/// plain logits that guesses its page lookup before waiting for the previous kernel (sm_90 build
+/// only): whole requests ([`DecodeVariant::Whole`] or [`DecodeVariant::Lean`], the lean entries
+/// of one KV head per CTA) or the split partition's chunks ([`DecodeVariant::Split`], 16-bit
+/// caches only).
 pub fn decode_guess(variant: DecodeVariant, q: ElementKind, cache: ElementKind, head_dim: u32) -> String {
     let variant = match variant {
         DecodeVariant::Lean | DecodeVariant::LeanHeads(_) => "_lean",
-        DecodeVariant::Whole | DecodeVariant::Split | DecodeVariant::LeanSplit => "",
+        DecodeVariant::Split => "_split",
+        DecodeVariant::Whole | DecodeVariant::LeanSplit => "",
     };
     let elements = match cache.fp8_layout() {
         Some(_) => format!("{}_{}", element_name(q), element_name(cache)),
@@ -170,9 +172,9 @@ pub fn all() -> Vec<String> {
 }
 
 /// The entries of the sm_90 build only, in their order of definition: the lean split entries
-/// per 16-bit element type at [`LEAN_HEAD_DIMS`]; the guessing whole and
-/// lean entries ([`decode_guess`]) per 16-bit element type, then per 8-bit cache format and q
-/// type; the tensor-core decode over 8-bit caches, whole and split, per cache format, q type and
+/// per 16-bit element type at [`LEAN_HEAD_DIMS`]; the guessing whole, lean and split entries
+/// ([`decode_guess`]) per 16-bit element type, then the whole and lean ones per 8-bit cache
+/// format and q type; the tensor-core decode over 8-bit caches, whole and split, per cache format, q type and
 /// head_dim; the lean ones at [`LEAN_HEAD_DIMS`]; then the quantizing appends.
 pub fn sm90_only() -> Vec<String> {
     use DecodeVariant::{Lean, LeanSplit, Split, Whole};
@@ -185,6 +187,9 @@ pub fn sm90_only() -> Vec<String> {
     }
     for element in [ElementKind::F16, ElementKind::BF16] {
         names.extend(LEAN_HEAD_DIMS.map(|d| decode_guess(Lean, element, element, d)));
+    }
+    for element in [ElementKind::F16, ElementKind::BF16] {
+        names.extend(SUPPORTED_HEAD_DIMS.map(|d| decode_guess(Split, element, element, d as u32)));
     }
     for cache in FP8_CACHE_ELEMENTS {
         for q in FP8_Q_ELEMENTS {

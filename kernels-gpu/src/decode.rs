@@ -55,10 +55,12 @@
 //!   unless the caller promised that kernel does not write the page table
 //!   (`p.early_page_table`): then the CTA reads the page table first (chunk bounds, the first
 //!   tiles' page rows) and, in the first wave, prefetches its first tiles into L2. Without the
-//!   promise, the guessing entries (`GUESS`, whole requests; the host launches them when the
-//!   grid has at most one CTA per SM) read the same lookup before the wait as a guess, through
-//!   L2 only, issue the first copies from it right after the wait, and confirm it by reading it
-//!   again; a changed lookup restarts the first tiles from the confirmed values. Q, K/V and
+//!   promise, the guessing entries (`GUESS`; the host launches them when the grid has at most
+//!   one CTA per SM) read the same lookup before the wait as a guess, through L2 only. Those of
+//!   whole requests issue the first copies from it right after the wait and confirm it by
+//!   reading it again; a changed lookup restarts the first tiles from the confirmed values.
+//!   Those of split chunks (16-bit caches) guess the partition and confirm it right after the
+//!   wait by reading its entries again ([`crate::partition::find_chunk_guessing`]). Q, K/V and
 //!   every write come after the wait either way. The dependents' launch is allowed right after
 //!   the wait. A tensor-core CTA that finds no chunk also ends only after the wait, so that its
 //!   slot is not taken by the next launch while this kernel's CTAs still run (the CUDA-core
@@ -79,7 +81,8 @@ use crate::params::{
     standard_tiling,
 };
 use crate::partition::{
-    Chunk, cta_coords, find_chunk, wait_unless_page_table_stable, whole_request, whole_request_through_l2,
+    Chunk, cta_coords, find_chunk, find_chunk_guessing, wait_unless_page_table_stable, whole_request,
+    whole_request_through_l2,
 };
 use crate::variant::{Logits, with_sink};
 
@@ -487,14 +490,16 @@ pub unsafe fn decode_mma<
     // One thread per tile row resolves page lookups.
     const { assert!(V::T.tile_tokens <= DECODE_THREADS) };
     // Without the caller's promise, a CTA waits before any read of the page table, or, in a
-    // guessing entry (`GUESS`: whole requests, sm_90), guesses its page lookup (below).
-    const { assert!(!GUESS || (!SPLIT && cfg!(target_feature = "sm_90"))) };
+    // guessing entry (`GUESS`, sm_90), guesses its partition (split) or page lookup (whole
+    // requests) before the wait and confirms it after (below).
+    const { assert!(!GUESS || cfg!(target_feature = "sm_90")) };
     const { assert!(STACK == 0 || (V::T.stacks_heads && !SPLIT && !GUESS)) };
     const { assert!(STACK == ANY_STACK_SHIFT || 1 << STACK <= STACKED_MAX_HEADS) };
     // Whether the CTA may cover several KV heads, whose scores it masks to their rows.
     let stacks = STACK != 0;
-    let guess = GUESS;
-    if !guess {
+    // A whole request's page lookup is guessed here; a split entry's guess ends with its chunk.
+    let guess = GUESS && !SPLIT;
+    if !GUESS {
         wait_unless_page_table_stable(p);
     }
     let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
@@ -527,7 +532,9 @@ pub unsafe fn decode_mma<
     // page table stays in L1 for a read after the wait to hit), confirmed after the wait by the
     // same loads while the first copies, issued from the guess, are in flight, and redone from
     // the confirming values when the previous kernel changed it.
-    let chunk = if SPLIT {
+    let chunk = if SPLIT && GUESS {
+        unsafe { find_chunk_guessing(p, item) }
+    } else if SPLIT {
         unsafe { find_chunk(p, item) }
     } else if guess {
         Some(unsafe { whole_request_through_l2(p, item) })

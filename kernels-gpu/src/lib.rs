@@ -31,8 +31,8 @@
 //!   state, which is zero before the launch and left zero after it. The guessing entries
 //!   (`decode_mma_guess_*`) also read `indptr`, `last_page_len` and `indices` before
 //!   `griddepcontrol.wait`, while the previous kernel may still write them: those values only
-//!   choose (clamped) addresses to fetch first, and every value the result depends on is read
-//!   again after the wait.
+//!   choose (clamped) addresses to fetch first (and, in the split ones, a chunk to start on),
+//!   and every value the result depends on is read again after the wait, before any write.
 //! - `append_*`: reads one `key` / `value` row per (request, KV head) of the grid; writes one
 //!   row of each store, and only after checking `0 ≤ indptr[b] < indptr[b + 1] ≤ num_indices`,
 //!   `last_page_len[b] ∈ [1, page_size]` and the page id in `[0, num_total_pages)`; otherwise
@@ -179,9 +179,10 @@ mod lean_split_entries {
     decode_mma_entry!(decode_mma_lean_split_bf16_d128, Native<BF16>, 128, Lean, true);
 }
 
-/// Whole-request entries that guess their page lookup before `griddepcontrol.wait` (the
-/// default programmatic launch of at most one CTA per SM; see `decode::decode_mma`), with plain
-/// logits: sm_90 only, where CTAs start under the previous kernel.
+/// Entries that guess their page lookup before `griddepcontrol.wait` (the default programmatic
+/// launch of at most one CTA per SM; see `decode::decode_mma`), with plain logits: whole
+/// requests (standard and lean tilings, every cache) and split chunks (16-bit caches, standard
+/// tiling). sm_90 only, where CTAs start under the previous kernel.
 #[cfg(target_feature = "sm_90")]
 mod guess_entries {
     use crate::cache::{E4M3, E5M2, Fp8, Native};
@@ -200,6 +201,12 @@ mod guess_entries {
     decode_mma_entry!(decode_mma_guess_lean_f16_d128, Native<F16>, 128, Lean, false, Plain, true);
     decode_mma_entry!(decode_mma_guess_lean_bf16_d64, Native<BF16>, 64, Lean, false, Plain, true);
     decode_mma_entry!(decode_mma_guess_lean_bf16_d128, Native<BF16>, 128, Lean, false, Plain, true);
+    decode_mma_entry!(decode_mma_guess_split_f16_d64, Native<F16>, 64, Standard, true, Plain, true);
+    decode_mma_entry!(decode_mma_guess_split_f16_d128, Native<F16>, 128, Standard, true, Plain, true);
+    decode_mma_entry!(decode_mma_guess_split_f16_d256, Native<F16>, 256, Standard, true, Plain, true);
+    decode_mma_entry!(decode_mma_guess_split_bf16_d64, Native<BF16>, 64, Standard, true, Plain, true);
+    decode_mma_entry!(decode_mma_guess_split_bf16_d128, Native<BF16>, 128, Standard, true, Plain, true);
+    decode_mma_entry!(decode_mma_guess_split_bf16_d256, Native<BF16>, 256, Standard, true, Plain, true);
 
     /// The guessing entries of q type `$t` over the 8-bit cache `$code`: whole at every head_dim,
     /// lean at 64 and 128.

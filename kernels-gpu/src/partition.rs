@@ -22,7 +22,8 @@
 //! `s` chunks of `ceil(L / s)` tokens rounded up to 16 (fewer when those would be shorter than
 //! `preferred_chunk`). The partition reads only `indptr` and `last_page_len`, so it runs before
 //! `griddepcontrol.wait` when the caller promised that the previous kernel does not write them
-//! ([`wait_unless_page_table_stable`]).
+//! ([`wait_unless_page_table_stable`]); without the promise, the guessing entries run it before
+//! the wait as a guess and confirm it after ([`find_chunk_guessing`]).
 //!
 //! With a sliding window (`p.window_left`), a request's length in all of the above is the tokens
 //! it attends to ([`attended`]) and its chunks start at its window's first token
@@ -44,6 +45,11 @@ use crate::variant::{attended, window_start};
 /// Requests whose page-table entries a lane keeps in registers, all loaded at once; larger
 /// batches re-read them on every pass.
 const LENS_PER_LANE: usize = (PARTITION_CACHED_BATCH / 32) as usize;
+/// The same in a guessed partition ([`find_chunk_guessing`]), which must read every entry once
+/// to be confirmed: the per-CTA partition's batches of up to 64 requests
+/// (`PER_CTA_PARTITION_MAX_BATCH`). sm_90 only, where no code bound is near.
+const GUESS_LENS_PER_LANE: usize = 2;
+const _: () = assert!(LENS_PER_LANE <= GUESS_LENS_PER_LANE);
 
 /// A chunk: the token range `[begin, end)` of request `request` that one CTA processes (per KV
 /// head and head block). Its *item* is its index in the partition, `0..num_chunks`.
@@ -128,9 +134,7 @@ unsafe fn request_pages_read<const THROUGH_L2: bool>(p: &DecodeParams, b: u32) -
 /// Request `b` (its window) as a single chunk (the unsplit kernels: item = request).
 #[inline(always)]
 pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
-    let (first_index, num_pages, len) = unsafe { request_pages(p, b) };
-    let begin = window_start(p, len);
-    Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
+    unsafe { whole_request_read::<false>(p, b) }
 }
 
 /// [`whole_request`], its page table read through L2 only: a read before `griddepcontrol.wait`
@@ -138,9 +142,28 @@ pub unsafe fn whole_request(p: &DecodeParams, b: u32) -> Chunk {
 /// could hit.
 #[inline(always)]
 pub unsafe fn whole_request_through_l2(p: &DecodeParams, b: u32) -> Chunk {
-    let (first_index, num_pages, len) = unsafe { request_pages_read::<true>(p, b) };
+    unsafe { whole_request_read::<true>(p, b) }
+}
+
+/// [`whole_request`], each page-table entry read by [`load_table_entry`].
+#[inline(always)]
+unsafe fn whole_request_read<const THROUGH_L2: bool>(p: &DecodeParams, b: u32) -> Chunk {
+    let (first_index, num_pages, len) = unsafe { request_pages_read::<THROUGH_L2>(p, b) };
     let begin = window_start(p, len);
     Chunk { request: b, begin, end: len, first_index, num_pages, first_item: b, request_chunks: 1 }
+}
+
+/// [`whole_request_read`], its entries (its end is its length) recorded as the chunk's request's
+/// in `inputs`.
+#[inline(always)]
+unsafe fn whole_request_recorded<const THROUGH_L2: bool>(
+    p: &DecodeParams,
+    b: u32,
+    inputs: &mut PartitionInputs,
+) -> Chunk {
+    let chunk = unsafe { whole_request_read::<THROUGH_L2>(p, b) };
+    inputs.request_pages = (chunk.first_index, chunk.num_pages, chunk.end);
+    chunk
 }
 
 /// `(item, head block, head blocks)` of this CTA. Items run along grid x and head blocks along y
@@ -153,12 +176,13 @@ pub fn cta_coords<const SPLIT: bool>(p: &DecodeParams) -> (u32, u32, u32) {
 }
 
 /// Runs `$body` with `$b` and `$entry = (first index, pages, tokens)` bound for each of this
-/// lane's requests, in order (from registers when they fit there).
+/// lane's requests, in order (from registers when they fit there, else read again as the
+/// caller's `THROUGH_L2` says).
 macro_rules! each_request {
     ($ctx:expr, |$b:ident, $entry:pat_param| $body:expr) => {{
-        let (p, pages, first, count, cached) = $ctx;
+        let (p, pages, first, count, cached, lens_per_lane) = $ctx;
         if cached {
-            for k in 0..LENS_PER_LANE {
+            for k in 0..lens_per_lane {
                 if (k as u32) < count {
                     let $b = first + k as u32;
                     let $entry = pages[k];
@@ -167,7 +191,7 @@ macro_rules! each_request {
             }
         } else {
             for $b in first..first + count {
-                let $entry = unsafe { request_pages(p, $b) };
+                let $entry = unsafe { request_pages_read::<THROUGH_L2>(p, $b) };
                 $body;
             }
         }
@@ -189,31 +213,136 @@ pub fn wait_unless_page_table_stable(p: &DecodeParams) {
 /// in every lane and warp).
 #[inline(always)]
 pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    unsafe { find_chunk_read::<false>(p, item, &mut PartitionInputs::NONE) }
+}
+
+/// A partition's page-table entries (first index, pages, tokens), as one lane read them: its
+/// own requests' and its chunk's request's. When the partition read each entry once (a batch
+/// of one request, or of at most `GUESS_LENS_PER_LANE` requests per lane in a guess), the chunk
+/// is a function of the lanes' entries and its request's alone, so that reading them again
+/// after `griddepcontrol.wait` confirms a chunk guessed before it.
+pub struct PartitionInputs {
+    lane_pages: [(u32, u32, u32); GUESS_LENS_PER_LANE],
+    request_pages: (u32, u32, u32),
+    read_once: bool,
+}
+
+impl PartitionInputs {
+    /// Nothing recorded (and nothing to confirm).
+    const NONE: PartitionInputs = PartitionInputs {
+        lane_pages: [(0, 0, 0); GUESS_LENS_PER_LANE],
+        request_pages: (0, 0, 0),
+        read_once: false,
+    };
+
+    /// Whether the page table holds this lane's recorded entries, and those of `chunk`'s request
+    /// (the chunk found from these inputs), as this thread reads them now. False when the
+    /// partition read some entry more than once.
+    #[inline(always)]
+    unsafe fn still_hold(&self, p: &DecodeParams, chunk: Option<&Chunk>) -> bool {
+        if !self.read_once {
+            return false;
+        }
+        let (first, count) = lane_requests(p);
+        let mut same = true;
+        for (k, &entry) in self.lane_pages.iter().enumerate() {
+            if (k as u32) < count {
+                same &= unsafe { request_pages(p, first + k as u32) } == entry;
+            }
+        }
+        // The chunk's request's entries; a batch of one request is every thread's own read, so
+        // every thread checks it, found or not.
+        if let Some(request) = chunk.map(|c| c.request).or((p.batch == 1).then_some(0)) {
+            same &= unsafe { request_pages(p, request) } == self.request_pages;
+        }
+        same
+    }
+}
+
+/// [`find_chunk`] in a launch whose previous kernel may still write the page table (no
+/// promise): the partition is guessed before `griddepcontrol.wait` from entries read through L2
+/// only (so that no line of them stays in L1 for a read after the wait to hit), and after the
+/// wait each thread reads the entries it was derived from again. When they all hold (the CTA
+/// agrees through a barrier), the guess is the partition of the table the previous kernel left;
+/// otherwise the same code runs again on that table. Either way every value the chunk depends on
+/// was read after the wait, which has returned. The guess overlaps the partition's reads and
+/// arithmetic with the previous kernel's end; after the wait one round trip of confirming reads
+/// is left.
+///
+/// # Safety
+/// As [`find_chunk`]; every thread of the CTA calls it (it holds barriers).
+#[inline(always)]
+pub unsafe fn find_chunk_guessing(p: &DecodeParams, item: u32) -> Option<Chunk> {
+    if p.item_map != 0 {
+        // The schedule kernel's map: nothing to guess.
+        return unsafe { find_chunk(p, item) };
+    }
+    let mut waited = false;
+    loop {
+        let mut inputs = PartitionInputs::NONE;
+        let chunk = unsafe { find_chunk_read::<true>(p, item, &mut inputs) };
+        if waited {
+            return chunk;
+        }
+        grid_dependency_wait();
+        if !sync_threads_or(!unsafe { inputs.still_hold(p, chunk.as_ref()) }) {
+            return chunk;
+        }
+        // Opaque, so that LLVM keeps one copy of the partition in the loop rather than two.
+        waited = opaque_u32(1) != 0;
+    }
+}
+
+/// This lane's requests: `(first, count)`, lanes owning contiguous runs of `ceil(batch / 32)`.
+#[inline(always)]
+fn lane_requests(p: &DecodeParams) -> (u32, u32) {
+    let lane = thread_idx() % 32;
+    let per_lane = p.batch.div_ceil(32);
+    let first = lane.saturating_mul(per_lane).min(p.batch);
+    (first, first.saturating_add(per_lane).min(p.batch) - first)
+}
+
+/// [`find_chunk`], each page-table entry read by [`load_table_entry`] and recorded in `inputs`.
+#[inline(always)]
+unsafe fn find_chunk_read<const THROUGH_L2: bool>(
+    p: &DecodeParams,
+    item: u32,
+    inputs: &mut PartitionInputs,
+) -> Option<Chunk> {
     if p.item_map != 0 {
         // The schedule kernel wrote the map; it is visible once that grid is done.
         grid_dependency_wait();
         return unsafe { mapped_chunk(p, item) };
     }
     if p.batch == 1 {
-        return unsafe { single_request_chunk(p, item) };
+        let pages = unsafe { request_pages_read::<THROUGH_L2>(p, 0) };
+        *inputs = PartitionInputs {
+            lane_pages: [pages; GUESS_LENS_PER_LANE],
+            request_pages: pages,
+            read_once: true,
+        };
+        return single_request_chunk(p, pages, item);
     }
     let lane = thread_idx() % 32;
     let per_lane = p.batch.div_ceil(32);
-    let first = lane.saturating_mul(per_lane).min(p.batch);
-    let count = first.saturating_add(per_lane).min(p.batch) - first;
-    let cached = per_lane as usize <= LENS_PER_LANE;
-    let mut pages = [(0u32, 0u32, 0u32); LENS_PER_LANE];
+    let (first, count) = lane_requests(p);
+    // A guess caches more entries per lane, so that it reads each once.
+    let lens_per_lane = if THROUGH_L2 { GUESS_LENS_PER_LANE } else { LENS_PER_LANE };
+    let cached = per_lane as usize <= lens_per_lane;
+    let mut pages = [(0u32, 0u32, 0u32); GUESS_LENS_PER_LANE];
     if cached {
         for (k, entry) in pages.iter_mut().enumerate() {
-            if (k as u32) < count {
-                *entry = unsafe { request_pages(p, first + k as u32) };
+            if k < lens_per_lane && (k as u32) < count {
+                *entry = unsafe { request_pages_read::<THROUGH_L2>(p, first + k as u32) };
             }
         }
     }
+    inputs.lane_pages = pages;
+    inputs.read_once = cached;
     // Total tokens and the longest request.
     let mut total = 0u64;
     let mut longest = 0u32;
-    let lane_requests = (p, &pages, first, count, cached);
+    let lane_requests = (p, &pages, first, count, cached, lens_per_lane);
     each_request!(lane_requests, |_b, (_, _, len)| {
         let len = attended(p, len);
         total += len as u64;
@@ -237,7 +366,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     // `min_chunk`) or kept whole by `request_chunks`: item = request, as the partition below
     // would find, without its divisions.
     if longest <= round16(p.min_chunk as u64).max(p.unsplit_max_tokens) {
-        return (item < p.batch).then(|| unsafe { whole_request(p, item) });
+        return (item < p.batch).then(|| unsafe { whole_request_recorded::<THROUGH_L2>(p, item, inputs) });
     }
 
     // Items needed with chunk size `c`.
@@ -251,7 +380,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
         chunk_bounds(total, longest, p.batch, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
     if longest <= lo {
         // Every request fits one chunk of `lo` (which fits the grid): item = request.
-        return (item < p.batch).then(|| unsafe { whole_request(p, item) });
+        return (item < p.batch).then(|| unsafe { whole_request_recorded::<THROUGH_L2>(p, item, inputs) });
     }
     let chunk_tokens = chunk_size(lo, hi, |c| items_with(c) <= p.num_chunks);
 
@@ -282,6 +411,7 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     let src = ballot_sync(inclusive > item && inclusive - mine <= item).trailing_zeros();
     let [request, first_item, request_chunks, first_index, num_pages, len] =
         found.map(|v| shfl_idx_u32(v, src));
+    inputs.request_pages = (first_index, num_pages, len);
     Some(Chunk::of_item(
         p,
         request,
@@ -293,11 +423,12 @@ pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
     ))
 }
 
-/// [`find_chunk`] for a batch of one request, without shuffles: `lo` always fits (it is at least
-/// `len / num_chunks`), so the chunk size is `lo` and the request owns items `[0, ceil(len / lo))`.
+/// [`find_chunk`] for a batch of one request (`pages` its entries), without shuffles: `lo` always
+/// fits (it is at least `len / num_chunks`), so the chunk size is `lo` and the request owns items
+/// `[0, ceil(len / lo))`.
 #[inline(always)]
-unsafe fn single_request_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
-    let (first_index, num_pages, len) = unsafe { request_pages(p, 0) };
+fn single_request_chunk(p: &DecodeParams, pages: (u32, u32, u32), item: u32) -> Option<Chunk> {
+    let (first_index, num_pages, len) = pages;
     let n = attended(p, len);
     let (chunk_tokens, _) =
         chunk_bounds(n as u64, n, 1, p.num_chunks, p.min_chunk, p.preferred_chunk, p.balance_items);
