@@ -345,8 +345,9 @@ pub struct PlanPreference {
     /// Programmatic launches without [`Self::stable_page_table`]: whole-request launches, and
     /// split-path ones over a 16-bit cache, of at most this many CTAs take the entries that guess
     /// their page lookup before the wait
-    /// ([`crate::plan::BatchPagedDecodePlan::guesses_page_lookup`]) instead of the plan's bound,
-    /// one CTA per SM; `Some(0)` never guesses. For tuning.
+    /// ([`crate::plan::BatchPagedDecodePlan::guesses_page_lookup`]) instead of the plan's bounds
+    /// (one CTA per SM; one and a half waves on the split path); `Some(0)` never guesses. For
+    /// tuning.
     pub guess_max_ctas: Option<u32>,
 }
 

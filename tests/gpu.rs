@@ -778,9 +778,9 @@ fn page_table_written_by_the_previous_kernel() {
     let mut writer = Writer::new(&dev);
     let mut paths = Vec::new();
     let (mut guessed, mut guessed_by_all) = (0, 0);
-    // Split on the H200: (2, 128) and (1, 1024) guess their partition by default (24 and 64
-    // CTAs), (8, 512), (3, 1008), (6, 704) and (4, 4096) with no bound (144–256 CTAs); the
-    // changed lengths change it, so they compute it again after the wait.
+    // Split on the H200: (2, 128), (1, 1024), (8, 512), (3, 1008), (6, 704) and (4, 4096) guess
+    // their partition under the default bound too (24–256 CTAs, within one and a half waves of
+    // 264); the changed lengths change it, so they compute it again after the wait.
     let shapes = [
         (4, 32),
         (1, 128),
@@ -895,8 +895,8 @@ impl<'d> Writer<'d> {
         assert!(!plan.reads_page_table_early());
         let path = plan.path(host.indices.len());
         let what = format!("{} {:?}/{:?} d {}", path.name(), T::KIND, C::CACHE_KIND, spec.head_dim);
-        // Launches of at most one CTA per SM (or all, with `guess_max_ctas`) guess the lookup
-        // the writer is changing.
+        // Launches of at most one CTA per SM, split ones of one and a half waves (or all, with
+        // `guess_max_ctas`) guess the lookup the writer is changing.
         let guesses = plan.guesses_page_lookup(host.indices.len()) as usize;
         let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
         buf.poison_outputs(s).unwrap();

@@ -106,6 +106,12 @@ impl BatchPagedDecodeArgsLayout {
     }
 }
 
+/// The largest split-path launch that takes the guessing split entry: one and a half waves of
+/// `wave_ctas` ([`BatchPagedDecodePlan::guesses_page_lookup`]).
+fn split_guess_bound(wave_ctas: u32) -> u32 {
+    wave_ctas.saturating_add(wave_ctas / 2)
+}
+
 /// The configuration [`BatchPagedDecodePlan::select`] takes: the rule's
 /// ([`DecodeConfig::choose_residency`]) with the preference's split and spare-chunk overrides,
 /// within its workspace limit, and no lean split over an 8-bit cache or where the portable build
@@ -316,6 +322,13 @@ pub struct BatchPagedDecodePlan<T: Element, C: CacheElement = T> {
     /// at 165 registers); at one KV head per CTA (125 registers, four per SM) it ran one row 5 %
     /// faster and another 5 % slower (run 174).
     guess_max_ctas: u32,
+    /// The same bound for the split path: one and a half of the split entry's waves
+    /// ([`PlanPreference::guess_max_ctas`] sets both). Most of such a launch's CTAs are in its
+    /// first wave, which starts under the previous kernel; past it, the CTAs that wait for a
+    /// slot pay the confirming reads with nothing to hide them under. In run 214's A/B (no
+    /// bound) the split rows of 256–380 CTAs on 264-CTA waves ran 1–11 % faster guessing,
+    /// 424–440 CTAs within 1.4 %, and 776 CTAs (b64-L512) 21 % slower.
+    guess_split_max_ctas: u32,
     check_fn: CudaFunction,
     /// Launch as a programmatic dependent launch ([`PlanPreference::programmatic_launch`]).
     programmatic: bool,
@@ -526,6 +539,7 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             guess_lean_fn,
             guess_split_fn,
             guess_max_ctas: pref.guess_max_ctas.unwrap_or(props.sm_count),
+            guess_split_max_ctas: pref.guess_max_ctas.unwrap_or(split_guess_bound(config.wave_ctas)),
             desc: *desc,
             variant: *variant,
             config,
@@ -814,8 +828,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Whether `run` launches, for a page table of `num_indices` slots, an entry that guesses its
     /// page lookup before waiting for the previous kernel (and confirms it after the wait): a
     /// programmatic launch without [`PlanPreference::stable_page_table`], with plain logits, of
-    /// requests in one chunk each or (a 16-bit cache) on the split path, whose grid has at most
-    /// one CTA per SM (or [`PlanPreference::guess_max_ctas`]).
+    /// requests in one chunk each, whose grid has at most one CTA per SM, or (a 16-bit cache) on
+    /// the split path, whose grid has at most one and a half of the split entry's waves (either
+    /// bound [`PlanPreference::guess_max_ctas`] when set).
     pub fn guesses_page_lookup(&self, num_indices: usize) -> bool {
         let path = self.path(num_indices);
         self.launch_for(path, self.stack_shift(path, num_indices), num_indices).guessing
@@ -852,12 +867,16 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
             block_dim: (params::DECODE_THREADS, 1, 1),
             shared_mem_bytes: smem_bytes,
         };
-        // A launch of at most `guess_max_ctas` CTAs (one per SM) takes the entry that guesses its
-        // page lookup before the wait, where one is loaded (the lean one unstacked; the split one
-        // on the split path, whose CTAs derive the partition themselves).
+        // A launch of at most `guess_max_ctas` CTAs (one per SM; on the split path, whose CTAs
+        // derive the partition themselves, `guess_split_max_ctas`) takes the entry that guesses
+        // its page lookup before the wait, where one is loaded (the lean one unstacked).
         let ctas = config.grid_dim.0 as u64 * config.grid_dim.1 as u64;
+        let bound = match path {
+            DecodePath::Split => self.guess_split_max_ctas,
+            _ => self.guess_max_ctas,
+        };
         let guessing_kernel = match path {
-            _ if ctas > self.guess_max_ctas as u64 => None,
+            _ if ctas > bound as u64 => None,
             DecodePath::Lean if stack_shift == 0 => self.guess_lean_fn.as_ref(),
             DecodePath::Lean => None,
             DecodePath::Whole => self.guess_whole_fn.as_ref(),
