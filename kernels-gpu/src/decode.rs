@@ -56,11 +56,12 @@
 //!   (`p.early_page_table`): then the CTA reads the page table first (chunk bounds, the first
 //!   tiles' page rows) and, in the first wave, prefetches its first tiles into L2. Without the
 //!   promise, the guessing entries (`GUESS`; the host launches them when the grid has at most
-//!   one CTA per SM) read the same lookup before the wait as a guess, through L2 only. Those of
-//!   whole requests issue the first copies from it right after the wait and confirm it by
-//!   reading it again; a changed lookup restarts the first tiles from the confirmed values.
-//!   Those of split chunks (16-bit caches) guess the partition and confirm it right after the
-//!   wait by reading its entries again ([`crate::partition::find_chunk_guessing`]). Q, K/V and
+//!   one CTA per SM, split ones up to one and a half waves) read the same lookup before the wait
+//!   as a guess, through L2 only. Those of whole requests issue the first copies from it right
+//!   after the wait and confirm it by reading it again; a changed lookup restarts the first
+//!   tiles from the confirmed values. Those of split chunks (16-bit caches) guess the partition
+//!   and confirm it right after the wait by reading its entries again
+//!   ([`crate::partition::find_chunk_guessing`]). Q, K/V and
 //!   every write come after the wait either way. The dependents' launch is allowed right after
 //!   the wait. A tensor-core CTA that finds no chunk also ends only after the wait, so that its
 //!   slot is not taken by the next launch while this kernel's CTAs still run (the CUDA-core

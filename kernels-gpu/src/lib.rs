@@ -180,9 +180,10 @@ mod lean_split_entries {
 }
 
 /// Entries that guess their page lookup before `griddepcontrol.wait` (the default programmatic
-/// launch of at most one CTA per SM; see `decode::decode_mma`), with plain logits: whole
-/// requests (standard and lean tilings, every cache) and split chunks (16-bit caches, standard
-/// tiling). sm_90 only, where CTAs start under the previous kernel.
+/// launch of at most one CTA per SM, one and a half waves on the split path; see
+/// `decode::decode_mma`), with plain logits: whole requests (standard and lean tilings, every
+/// cache) and split chunks (16-bit caches, standard tiling). sm_90 only, where CTAs start under
+/// the previous kernel.
 #[cfg(target_feature = "sm_90")]
 mod guess_entries {
     use crate::cache::{E4M3, E5M2, Fp8, Native};

@@ -213,7 +213,8 @@ pub fn wait_unless_page_table_stable(p: &DecodeParams) {
 /// in every lane and warp).
 #[inline(always)]
 pub unsafe fn find_chunk(p: &DecodeParams, item: u32) -> Option<Chunk> {
-    unsafe { find_chunk_read::<false>(p, item, &mut PartitionInputs::NONE) }
+    let mut unrecorded = PartitionInputs::NONE;
+    unsafe { find_chunk_read::<false>(p, item, &mut unrecorded) }
 }
 
 /// A partition's page-table entries (first index, pages, tokens), as one lane read them: its
