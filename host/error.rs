@@ -71,6 +71,24 @@ pub enum Error {
         /// Name of the argument.
         operand: &'static str,
     },
+    /// A tensor (or the workspace) allocated on a default stream (`CudaContext::default_stream`
+    /// or `per_thread_stream`) of a context that orders streams with events, launched on a
+    /// stream of its own (`new_stream`, `fork`). cudarc orders such a context's streams only
+    /// while it holds a stream it created, and the tensor keeps none alive: once the launch
+    /// stream and the context's other created streams are dropped, the tensor's next use on the
+    /// default stream, or its free, would no longer wait for the launch. Launch on a default
+    /// stream (the driver orders those with each other), or allocate the tensor on a created
+    /// stream, which keeps the ordering on for as long as the tensor lives.
+    #[error(
+        "`{operand}` was allocated on a default stream of a context that orders streams with events, \
+         and the launch is on a created stream: cudarc stops ordering the two when the context's last \
+         created stream is dropped; allocate it on a stream from CudaContext::new_stream, or launch on \
+         a default stream"
+    )]
+    UnorderedStream {
+        /// Name of the argument.
+        operand: &'static str,
+    },
     /// A `run` was called while its stream is being captured into a CUDA graph, in a context
     /// that tracks events (cudarc's default): a graph replays raw device addresses that no
     /// borrow keeps alive, so capture needs a context whose tracking was turned off by an

@@ -1,6 +1,6 @@
 //! Cheap checks `run` makes before it touches the stream: every operand lives in the launch's
-//! CUDA context and is ordered with the launch stream by cudarc's event tracking, a checked run
-//! is not being captured into a graph, and no run is captured in a context that tracks events.
+//! CUDA context and stays ordered with the launch stream, a checked run is not being captured
+//! into a graph, and no run is captured in a context that tracks events.
 
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -8,6 +8,44 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::error::{Error, Result};
 use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs, PagedKvAppendPairedArgs};
 use crate::tensor::Workspace;
+
+/// What a stream handle is to the driver's implicit ordering and to cudarc's event tracking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamHandle {
+    /// The legacy default stream (`CudaContext::default_stream`): ordered with every blocking
+    /// stream, the per-thread ones included.
+    Legacy,
+    /// The calling thread's default stream (`CudaContext::per_thread_stream`): ordered with the
+    /// legacy stream.
+    PerThread,
+    /// A non-blocking stream of its own (`CudaContext::new_stream`, `CudaStream::fork`, or one
+    /// an `unsafe` `wrap_borrowed_stream` wrapped): ordered with other streams by events alone.
+    Created,
+}
+
+impl StreamHandle {
+    pub(crate) fn of(stream: &CudaStream) -> Self {
+        // 0 is the default stream, 1 and 2 the driver's `CU_STREAM_LEGACY` / `CU_STREAM_PER_THREAD`.
+        match stream.cu_stream() as usize {
+            0 | 1 => Self::Legacy,
+            2 => Self::PerThread,
+            _ => Self::Created,
+        }
+    }
+}
+
+/// Whether a slice allocated on a `home` stream of a context that `manages` stream
+/// synchronization stays ordered with a launch on a `launch` stream for as long as it lives.
+/// cudarc orders a context's streams with events only while the context holds a stream it
+/// created: dropping the last one turns the ordering off, for work already enqueued too, and a
+/// slice keeps alive only its own stream. So the slice stays ordered when its own stream is a
+/// created one (it keeps the ordering on), or when the launch is on a default stream, which the
+/// driver orders with the default stream the slice is used and freed on. A slice of the default
+/// stream launched on a created stream is not: once that stream and the context's others are
+/// dropped, reading the slice or freeing it no longer waits for the launch.
+pub(crate) fn stays_ordered(manages: bool, home: StreamHandle, launch: StreamHandle) -> bool {
+    !manages || home == StreamHandle::Created || launch != StreamHandle::Created
+}
 
 /// [`Error::WrongDevice`] unless `found` is the driver context of `expected`.
 fn same_driver_context(expected: &CudaContext, operand: &'static str, found: &CudaContext) -> Result<()> {
@@ -17,25 +55,30 @@ fn same_driver_context(expected: &CudaContext, operand: &'static str, found: &Cu
     Err(Error::WrongDevice { operand, expected: expected.ordinal(), found: found.ordinal() })
 }
 
-/// An operand (`found`, the context of its memory) of a launch on a stream of `stream_ctx`: of
-/// the same driver context ([`Error::WrongDevice`]), and ordered with the launch by cudarc's
-/// event tracking ([`Error::UnorderedContext`]). cudarc makes a launch wait for a slice's last
-/// write, and the slice's drop wait for the launch, only when the slice's `CudaContext` object
-/// manages stream synchronization, and it records the launch only when the stream's object
-/// does: so the operand's object is the stream's, or another that manages synchronization
-/// exactly when the stream's does.
-pub(crate) fn same_context(
-    stream_ctx: &CudaContext,
-    operand: &'static str,
-    found: &CudaContext,
-) -> Result<()> {
+/// An operand allocated on `home` of a launch on `launch`: of the same driver context
+/// ([`Error::WrongDevice`]); ordered with the launch by cudarc's event tracking
+/// ([`Error::UnorderedContext`]): cudarc makes a launch wait for a slice's last write, and the
+/// slice's drop wait for the launch, only when the slice's `CudaContext` object manages stream
+/// synchronization, and it records the launch only when the stream's object does, so the
+/// operand's object is the stream's, or another that manages synchronization exactly when the
+/// stream's does; and still ordered after the launch ([`Error::UnorderedStream`],
+/// [`stays_ordered`]).
+pub(crate) fn ordered_operand(launch: &CudaStream, operand: &'static str, home: &CudaStream) -> Result<()> {
+    let (stream_ctx, found) = (launch.context(), home.context());
     same_driver_context(stream_ctx, operand, found)?;
-    if std::ptr::eq(stream_ctx, found)
-        || stream_ctx.is_managing_stream_synchronization() == found.is_managing_stream_synchronization()
+    if !std::ptr::eq(&**stream_ctx, &**found)
+        && stream_ctx.is_managing_stream_synchronization() != found.is_managing_stream_synchronization()
     {
-        return Ok(());
+        return Err(Error::UnorderedContext { operand });
     }
-    Err(Error::UnorderedContext { operand })
+    if !stays_ordered(
+        found.is_managing_stream_synchronization(),
+        StreamHandle::of(home),
+        StreamHandle::of(launch),
+    ) {
+        return Err(Error::UnorderedStream { operand });
+    }
+    Ok(())
 }
 
 /// The launch stream belongs to `plan_ctx`, the context the plan loaded its kernels into.
@@ -68,67 +111,90 @@ pub(crate) fn refuse_tracked_capture(stream: &CudaStream) -> Result<()> {
 }
 
 impl Workspace<'_> {
-    /// The workspace (if any) is an operand of a launch in `ctx` ([`same_context`]).
-    pub(crate) fn check_context(&self, ctx: &CudaContext) -> Result<()> {
-        match self.context() {
-            Some(c) => same_context(ctx, "workspace", c),
+    /// The workspace (if any) is an operand of a launch on `stream` ([`ordered_operand`]).
+    pub(crate) fn check_context(&self, stream: &CudaStream) -> Result<()> {
+        match self.home_stream() {
+            Some(home) => ordered_operand(stream, "workspace", home),
             None => Ok(()),
         }
     }
 }
 
-impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
-    /// Every tensor is an operand of a launch in `ctx` ([`same_context`]); the error names the
-    /// first that is not.
-    pub(crate) fn check_context(&self, ctx: &CudaContext) -> Result<()> {
-        same_context(ctx, "q", self.q.context())?;
-        same_context(ctx, "k_data", self.k_data.context())?;
-        same_context(ctx, "v_data", self.v_data.context())?;
-        same_context(ctx, "indices", self.indices.context())?;
-        same_context(ctx, "indptr", self.indptr.context())?;
-        same_context(ctx, "last_page_len", self.last_page_len.context())?;
-        same_context(ctx, "o", self.o.context())?;
-        same_context(ctx, "lse", self.lse.context())
-    }
+/// `stream` lives in `plan_ctx`, and every operand (name, the stream it was allocated on) is an
+/// operand of a launch on it ([`ordered_operand`]); the error names the first that is not.
+fn launch_operands(
+    plan_ctx: &CudaContext,
+    stream: &CudaStream,
+    operands: &[(&'static str, &CudaStream)],
+) -> Result<()> {
+    stream_in_plan_context(plan_ctx, stream)?;
+    operands.iter().try_for_each(|&(operand, home)| ordered_operand(stream, operand, home))
+}
 
-    /// `stream` lives in `plan_ctx`, and every tensor is an operand of a launch on it.
+impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
+    /// [`launch_operands`] of every tensor.
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
-        stream_in_plan_context(plan_ctx, stream)?;
-        self.check_context(stream.context())
+        let operands = [
+            ("q", self.q.home_stream()),
+            ("k_data", self.k_data.home_stream()),
+            ("v_data", self.v_data.home_stream()),
+            ("indices", self.indices.home_stream()),
+            ("indptr", self.indptr.home_stream()),
+            ("last_page_len", self.last_page_len.home_stream()),
+            ("o", self.o.home_stream()),
+            ("lse", self.lse.home_stream()),
+        ];
+        launch_operands(plan_ctx, stream, &operands.map(|(name, home)| (name, &**home)))
     }
 }
 
 impl<T, C> PagedKvAppendArgs<'_, T, C> {
-    /// Every tensor is an operand of a launch in `ctx` ([`same_context`]); the error names the
-    /// first that is not.
-    pub(crate) fn check_context(&self, ctx: &CudaContext) -> Result<()> {
-        same_context(ctx, "key", self.key.context())?;
-        same_context(ctx, "value", self.value.context())?;
-        same_context(ctx, "k_data", self.k_data.context())?;
-        same_context(ctx, "v_data", self.v_data.context())?;
-        same_context(ctx, "indices", self.indices.context())?;
-        same_context(ctx, "indptr", self.indptr.context())?;
-        same_context(ctx, "last_page_len", self.last_page_len.context())
-    }
-
-    /// `stream` lives in `plan_ctx`, and every tensor is an operand of a launch on it.
+    /// [`launch_operands`] of every tensor.
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
-        stream_in_plan_context(plan_ctx, stream)?;
-        self.check_context(stream.context())
+        let operands = [
+            ("key", self.key.home_stream()),
+            ("value", self.value.home_stream()),
+            ("k_data", self.k_data.home_stream()),
+            ("v_data", self.v_data.home_stream()),
+            ("indices", self.indices.home_stream()),
+            ("indptr", self.indptr.home_stream()),
+            ("last_page_len", self.last_page_len.home_stream()),
+        ];
+        launch_operands(plan_ctx, stream, &operands.map(|(name, home)| (name, &**home)))
     }
 }
 
 impl<T, C> PagedKvAppendPairedArgs<'_, T, C> {
-    /// `stream` lives in `plan_ctx`, and every tensor is an operand of a launch on it
-    /// ([`same_context`]; the error names the first that is not).
+    /// [`launch_operands`] of every tensor.
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
-        stream_in_plan_context(plan_ctx, stream)?;
-        let ctx = stream.context();
-        same_context(ctx, "key", self.key.context())?;
-        same_context(ctx, "value", self.value.context())?;
-        same_context(ctx, "kv_data", self.kv_data.context())?;
-        same_context(ctx, "indices", self.indices.context())?;
-        same_context(ctx, "indptr", self.indptr.context())?;
-        same_context(ctx, "last_page_len", self.last_page_len.context())
+        let operands = [
+            ("key", self.key.home_stream()),
+            ("value", self.value.home_stream()),
+            ("kv_data", self.kv_data.home_stream()),
+            ("indices", self.indices.home_stream()),
+            ("indptr", self.indptr.home_stream()),
+            ("last_page_len", self.last_page_len.home_stream()),
+        ];
+        launch_operands(plan_ctx, stream, &operands.map(|(name, home)| (name, &**home)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamHandle::{Created, Legacy, PerThread};
+    use super::stays_ordered;
+
+    /// Only a slice of a default stream launched on a created stream, in a context that orders
+    /// streams with events, can lose its ordering; a context that does not is ordered by its
+    /// streams alone (one stream, or the caller's contract without tracking).
+    #[test]
+    fn a_default_stream_slice_launched_on_a_created_stream_can_lose_its_ordering() {
+        for home in [Legacy, PerThread, Created] {
+            for launch in [Legacy, PerThread, Created] {
+                assert!(stays_ordered(false, home, launch), "{home:?} on {launch:?} without tracking");
+                let lost = home != Created && launch == Created;
+                assert_eq!(stays_ordered(true, home, launch), !lost, "{home:?} on {launch:?}");
+            }
+        }
     }
 }

@@ -84,6 +84,10 @@ impl<'a, T, const N: usize> TensorRef<'a, T, N> {
     pub fn context(&self) -> &Arc<CudaContext> {
         self.data.stream().context()
     }
+    /// The stream the viewed memory was allocated on (and is freed on).
+    pub(crate) fn home_stream(&self) -> &Arc<CudaStream> {
+        self.data.stream()
+    }
 }
 
 impl<'a, T, const N: usize> TensorMut<'a, T, N> {
@@ -110,6 +114,10 @@ impl<'a, T, const N: usize> TensorMut<'a, T, N> {
     /// The CUDA context the viewed memory was allocated in.
     pub fn context(&self) -> &Arc<CudaContext> {
         self.data.stream().context()
+    }
+    /// The stream the viewed memory was allocated on (and is freed on).
+    pub(crate) fn home_stream(&self) -> &Arc<CudaStream> {
+        self.data.stream()
     }
 }
 
@@ -160,11 +168,12 @@ impl<'a> Workspace<'a> {
     /// Zeroes `bytes` on `stream` (stream-ordered, no synchronization) and returns them as a
     /// workspace. The bytes are an operand of `stream` as a launch's are: of its driver context,
     /// and ordered with it by cudarc's event tracking ([`crate::Error::WrongDevice`],
-    /// [`crate::Error::UnorderedContext`]); and, as a run, refused on a stream that is capturing
+    /// [`crate::Error::UnorderedContext`], [`crate::Error::UnorderedStream`]); and, as a run,
+    /// refused on a stream that is capturing
     /// in a context that tracks events ([`crate::Error::CaptureWithTracking`]: a captured zeroing
     /// would run again at each replay, into bytes nothing keeps alive).
     pub fn zeroed(stream: &Arc<CudaStream>, mut bytes: CudaViewMut<'a, u8>) -> crate::Result<Self> {
-        crate::guard::same_context(stream.context(), "workspace", bytes.stream().context())?;
+        crate::guard::ordered_operand(stream, "workspace", bytes.stream())?;
         crate::guard::refuse_tracked_capture(stream)?;
         stream.memset_zeros(&mut bytes)?;
         Ok(Self { bytes: Some(bytes), split_state_bytes: None })
@@ -212,6 +221,11 @@ impl<'a> Workspace<'a> {
 
     /// The CUDA context the workspace was allocated in (`None` without a workspace).
     pub fn context(&self) -> Option<&Arc<CudaContext>> {
-        self.bytes.as_ref().map(|v| v.stream().context())
+        self.home_stream().map(|s| s.context())
+    }
+
+    /// The stream the workspace was allocated on (`None` without a workspace).
+    pub(crate) fn home_stream(&self) -> Option<&Arc<CudaStream>> {
+        self.bytes.as_ref().map(|v| v.stream())
     }
 }

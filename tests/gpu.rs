@@ -1342,6 +1342,85 @@ fn run_refuses_unordered_context_objects() {
     println!("unordered context objects and tracked capture refused; a managing object's tensors taken");
 }
 
+/// A context object that orders streams with events (a created stream of its own): tensors and a
+/// workspace allocated on its default stream are refused on the created stream
+/// (`UnorderedStream`), where the ordering would end with the context's last created stream;
+/// they are taken on the default stream itself, tensors of the created stream are taken on
+/// either, and each run gives the reference's result. After the created stream is dropped, the
+/// default stream's run still reads and frees its tensors in order.
+#[test]
+fn run_refuses_default_stream_operands_on_a_created_stream() {
+    use cudarc::driver::CudaContext;
+    let Some(dev) = device("run_refuses_default_stream_operands_on_a_created_stream") else { return };
+    let spec = ProblemSpec::uniform(3, 700, 16, 4, 128, 16);
+    let host = HostProblem::<f16>::random(&spec).unwrap();
+    let want = host.reference().unwrap();
+    let plan =
+        BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+    assert!(plan.workspace_size() > 0, "a split plan, so that the workspace is checked");
+
+    let ctx = CudaContext::new(0).unwrap();
+    let created = ctx.new_stream().unwrap();
+    let default = ctx.default_stream();
+    assert!(ctx.is_managing_stream_synchronization());
+    let mut on_default = DeviceProblem::upload(&default, &host, plan.workspace_size()).unwrap();
+    let mut on_created = DeviceProblem::upload(&created, &host, plan.workspace_size()).unwrap();
+    {
+        let (mut args, mut ws) = on_default.args_and_workspace();
+        match plan.run(&created, &mut ws, &mut args) {
+            Err(Error::UnorderedStream { operand: "q" }) => {}
+            other => {
+                panic!("default-stream tensors on a created stream: expected UnorderedStream, got {other:?}")
+            }
+        }
+    }
+    match Workspace::zeroed(&created, on_default.workspace.slice_mut(..)) {
+        Err(Error::UnorderedStream { operand: "workspace" }) => {}
+        other => {
+            panic!("a default-stream workspace on a created stream: expected UnorderedStream, got {other:?}")
+        }
+    }
+    {
+        // Tensors of the created stream with a workspace of the default one.
+        let (mut args, _) = on_created.args_and_workspace();
+        let mut ws = Workspace::zeroed(&default, on_default.workspace.slice_mut(..)).unwrap();
+        match plan.run(&created, &mut ws, &mut args) {
+            Err(Error::UnorderedStream { operand: "workspace" }) => {}
+            other => panic!(
+                "a default-stream workspace on a created stream: expected UnorderedStream, got {other:?}"
+            ),
+        }
+    }
+    for (what, stream, problem) in [
+        ("default-stream tensors on the default stream", &default, &mut on_default),
+        ("created-stream tensors on the created stream", &created, &mut on_created),
+    ] {
+        problem.poison_outputs(stream).unwrap();
+        let (mut args, mut ws) = problem.args_and_workspace();
+        plan.run(stream, &mut ws, &mut args).unwrap();
+        let (o, lse) = (stream.clone_dtoh(&problem.o).unwrap(), stream.clone_dtoh(&problem.lse).unwrap());
+        check(what, &spec, &o, &lse, &want);
+    }
+    {
+        on_created.poison_outputs(&created).unwrap();
+        let (mut args, mut ws) = on_created.args_and_workspace();
+        plan.run(&default, &mut ws, &mut args).unwrap();
+        let (o, lse) =
+            (default.clone_dtoh(&on_created.o).unwrap(), default.clone_dtoh(&on_created.lse).unwrap());
+        check("created-stream tensors on the default stream", &spec, &o, &lse, &want);
+    }
+    drop(on_created);
+    drop(created);
+    assert!(!ctx.is_managing_stream_synchronization(), "the last created stream is gone");
+    on_default.poison_outputs(&default).unwrap();
+    let (mut args, mut ws) = on_default.args_and_workspace();
+    plan.run(&default, &mut ws, &mut args).unwrap();
+    let (o, lse) = (default.clone_dtoh(&on_default.o).unwrap(), default.clone_dtoh(&on_default.lse).unwrap());
+    check("default-stream tensors after the created stream is gone", &spec, &o, &lse, &want);
+    default.synchronize().unwrap();
+    println!("default-stream operands refused on a created stream; taken on the default stream");
+}
+
 /// A checked `run` or `check_page_table` on a capturing stream says so, before touching the
 /// stream; the capture then ends cleanly and checked runs work again.
 #[test]

@@ -1022,6 +1022,7 @@ fn errors_display() {
         Error::WorkspaceInUse { bound: 64, requested: 128 },
         Error::WrongDevice { operand: "k_data", expected: 1, found: 0 },
         Error::UnorderedContext { operand: "o" },
+        Error::UnorderedStream { operand: "q" },
         Error::CaptureWithTracking,
         Error::CheckedUnderCapture,
         Error::NoDevice,

@@ -327,8 +327,8 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     /// table; a request without pages appends nothing) on the GPU, the last two rules on the host from a copy of the table; synchronizes
     /// `stream` and reports the first violation as [`Error::InvalidPageTable`]. Refused with
     /// [`Error::CheckedUnderCapture`] while `stream` is being captured into a graph, and, as
-    /// [`Self::run`], with [`Error::WrongDevice`] or [`Error::UnorderedContext`] for operands the
-    /// stream cannot use.
+    /// [`Self::run`], with [`Error::WrongDevice`], [`Error::UnorderedContext`] or
+    /// [`Error::UnorderedStream`] for operands the stream cannot use.
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,
@@ -353,7 +353,8 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     ///
     /// Refused as [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run) is: operands of
     /// another context ([`Error::WrongDevice`]) or of an unordered `CudaContext` object
-    /// ([`Error::UnorderedContext`]), capture in a context that tracks events
+    /// ([`Error::UnorderedContext`]), default-stream operands on a created stream
+    /// ([`Error::UnorderedStream`]), capture in a context that tracks events
     /// ([`Error::CaptureWithTracking`]), and a checked run while `stream` captures
     /// ([`Error::CheckedUnderCapture`]).
     ///

@@ -633,7 +633,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Refused before any kernel is enqueued: a stream of another context than the plan's, or a
     /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]); a
     /// tensor or workspace of another `CudaContext` object whose event tracking does not order it
-    /// with the stream ([`Error::UnorderedContext`]); a run on a capturing stream in a context
+    /// with the stream ([`Error::UnorderedContext`]); on a created stream, a tensor or workspace
+    /// allocated on a default stream of a context that orders streams with events
+    /// ([`Error::UnorderedStream`]); a run on a capturing stream in a context
     /// that tracks events ([`Error::CaptureWithTracking`]: capture on
     /// [`Device::open_untracked`](crate::Device::open_untracked)), and a checked run on any
     /// capturing stream ([`Error::CheckedUnderCapture`]).
@@ -712,10 +714,10 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         }
         guard::refuse_tracked_capture(stream)?;
         args.check_launch_context(&self.ctx, stream)?;
-        workspace.check_context(stream.context())?;
+        workspace.check_context(stream)?;
         let strides = Self::kv_strides(&self.desc, &args.layout())?;
         if let Some(sinks) = sinks {
-            guard::same_context(stream.context(), "sinks", sinks.context())?;
+            guard::ordered_operand(stream, "sinks", sinks.home_stream())?;
             self.check_sinks(&sinks.layout())?;
         }
         let needed = self.workspace_size();
@@ -940,8 +942,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Validates the device page table of `args` on the GPU without reading out of bounds,
     /// then synchronizes `stream` and reports the first violation (lowest request) as
     /// [`Error::InvalidPageTable`]. Refused with [`Error::CheckedUnderCapture`] while `stream`
-    /// is being captured into a graph, and, as [`Self::run`], with [`Error::WrongDevice`] or
-    /// [`Error::UnorderedContext`] for operands the stream cannot use.
+    /// is being captured into a graph, and, as [`Self::run`], with [`Error::WrongDevice`],
+    /// [`Error::UnorderedContext`] or [`Error::UnorderedStream`] for operands the stream cannot
+    /// use.
     pub fn check_page_table(
         &self,
         stream: &Arc<CudaStream>,

@@ -116,20 +116,41 @@ fn append_collisions(
     // The request ranges (`indptr`'s first `batch + 1` entries, one slot per request: its storage
     // may hold more) and the page ids up to their end, which the kernel found inside `indices`;
     // `last_page_len` is not read.
-    let indptr = stream.clone_dtoh(&table.indptr.data.slice(..slots.len() + 1))?;
+    // The copies are read back after the kernel's: a table that no longer has the ranges it
+    // passed with (written meanwhile, which only an `unsafe` ordering contract can allow) is
+    // reported as invalid, never indexed out of range.
+    let changed = || Error::InvalidPageTable("the page table changed while it was checked".into());
+    let indptr_view = table.indptr.data.try_slice(..slots.len() + 1).ok_or_else(changed)?;
+    let indptr = stream.clone_dtoh(&indptr_view)?;
     let end = indptr.last().map_or(0, |&end| end.max(0) as usize);
-    let indices = if end == 0 { Vec::new() } else { stream.clone_dtoh(&table.indices.data.slice(..end))? };
-    let host = crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &[] };
+    let indices = match end {
+        0 => Vec::new(),
+        _ => stream.clone_dtoh(&table.indices.data.try_slice(..end).ok_or_else(changed)?)?,
+    };
     let targets: Vec<Option<(usize, usize)>> = slots
         .iter()
         .map(|&row| {
             (row != params::NO_APPEND_SLOT).then(|| ((row / page_size) as usize, (row % page_size) as usize))
         })
         .collect();
+    if !ranges_hold(&indptr, indices.len(), &targets) {
+        return Err(changed());
+    }
+    let host = crate::page_table::PageTable { indptr: &indptr, indices: &indices, last_page_len: &[] };
     match crate::page_table::shared_append_page(host, &targets) {
         Some(message) => Err(Error::InvalidPageTable(message)),
         None => Ok(()),
     }
+}
+
+/// Whether `indptr` (`targets.len() + 1` entries) holds what [`crate::page_table::shared_append_page`]
+/// needs: non-decreasing ranges from 0 or more up to at most `indices_len`, and at least one page
+/// in the range of each request that appends (`Some` target).
+fn ranges_hold(indptr: &[i32], indices_len: usize, targets: &[Option<(usize, usize)>]) -> bool {
+    indptr.len() == targets.len() + 1
+        && indptr.first().is_some_and(|&first| first >= 0)
+        && indptr.last().is_some_and(|&last| last as usize <= indices_len)
+        && indptr.windows(2).zip(targets).all(|(w, t)| w[0] <= w[1] && (t.is_none() || w[0] < w[1]))
 }
 
 /// [`Error::InvalidPageTable`] naming the first request whose append slot (a store row,
@@ -145,4 +166,25 @@ fn shared_append_slot(slots: &[u64], page_size: u64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranges_hold;
+
+    /// A host copy of a table that changed after the kernel passed it is told apart, never
+    /// indexed out of range.
+    #[test]
+    fn ranges_that_changed_after_the_check_are_caught() {
+        let two = [Some((5, 2)), None];
+        assert!(ranges_hold(&[0, 1, 1], 1, &two));
+        assert!(ranges_hold(&[0, 2, 3], 3, &two));
+        assert!(!ranges_hold(&[0, 0, 1], 1, &two), "an appending request lost its pages");
+        assert!(!ranges_hold(&[0, 2, 1], 2, &two), "decreasing");
+        assert!(!ranges_hold(&[-1, 1, 1], 1, &two), "negative start");
+        assert!(!ranges_hold(&[0, 1, 4], 3, &two), "past indices");
+        assert!(!ranges_hold(&[0, 1, -4], 3, &two), "negative end");
+        assert!(!ranges_hold(&[0, 1], 1, &two), "too short");
+        assert!(ranges_hold(&[0], 0, &[]));
+    }
 }
