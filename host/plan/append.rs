@@ -345,11 +345,12 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     /// nothing when it fails).
     ///
     /// Unchecked, the kernel trusts the table as far as the append contract goes but never
-    /// writes outside the store: it skips a request with no page (as the contract says), with `last_page_len` outside
-    /// `[1, page_size]` or with a last page id outside the store (its token is dropped), two
-    /// requests appending to the same slot race for it (the row ends up an unspecified mix of
-    /// their tokens' 16-byte pieces), and an append page that appears elsewhere in the table is
-    /// written as the table says, over a token another reference to it counts.
+    /// writes outside the store: it skips a request with no page (as the contract says), with
+    /// `last_page_len` outside `[1, page_size]` or with a last page id outside the store (its
+    /// token is dropped); two requests appending to the same slot both write it (with relaxed
+    /// GPU-scope stores, so without a data race: each 4-byte word of the row ends up one of the
+    /// two tokens'); and an append page that appears elsewhere in the table is written as the
+    /// table says, over a token another reference to it counts.
     ///
     /// Refused as [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run) is: operands of
     /// another context ([`Error::WrongDevice`]) or of an unordered `CudaContext` object

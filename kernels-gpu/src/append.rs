@@ -8,7 +8,9 @@
 //!
 //! Grid `(batch, num_kv_heads)`, 32 threads copying 16-byte vectors of the `head_dim` row into
 //! the K/V views (any page, head and token strides, as the decode kernels read them), or
-//! quantizing it 8 elements at a time into an 8-bit store.
+//! quantizing it 8 elements at a time into an 8-bit store. The rows are stored with relaxed
+//! GPU-scope stores: two requests of a corrupt table that append to one slot do not race, and
+//! each 4-byte word of the slot ends up one of the two tokens'.
 
 use crate::element::MmaElem;
 use crate::fp8::{Fp8Layout, f32_to_fp8};
@@ -67,8 +69,8 @@ pub unsafe fn append_token<T: Copy>(p: &AppendParams) {
         unsafe {
             let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
             let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));
-            *(((p.k_data as *mut u8).add(dst) as *mut [u32; 4]).add(c)) = k;
-            *(((p.v_data as *mut u8).add(dst) as *mut [u32; 4]).add(c)) = v;
+            st_relaxed_v4((p.k_data as *mut u8).add(dst + 16 * c), k);
+            st_relaxed_v4((p.v_data as *mut u8).add(dst + 16 * c), v);
         }
         c += 32;
     }
@@ -91,10 +93,8 @@ pub unsafe fn append_quantized<T: MmaElem>(p: &AppendParams, format: Fp8Layout) 
         unsafe {
             let k = ld_nc_v4(((p.key as *const T).add(src_row) as *const u8).add(16 * c));
             let v = ld_nc_v4(((p.value as *const T).add(src_row) as *const u8).add(16 * c));
-            *(((p.k_data as *mut u8).add(dst) as *mut [u32; 2]).add(c)) =
-                quantize8::<T>(k, p.k_scale, format);
-            *(((p.v_data as *mut u8).add(dst) as *mut [u32; 2]).add(c)) =
-                quantize8::<T>(v, p.v_scale, format);
+            st_relaxed_v2((p.k_data as *mut u8).add(dst + 8 * c), quantize8::<T>(k, p.k_scale, format));
+            st_relaxed_v2((p.v_data as *mut u8).add(dst + 8 * c), quantize8::<T>(v, p.v_scale, format));
         }
         c += 32;
     }

@@ -63,9 +63,9 @@
 //!   and confirm it right after the wait by reading its entries again
 //!   ([`crate::partition::find_chunk_guessing`]). Q, K/V and
 //!   every write come after the wait either way. The dependents' launch is allowed right after
-//!   the wait. A tensor-core CTA that finds no chunk also ends only after the wait, so that its
-//!   slot is not taken by the next launch while this kernel's CTAs still run (the CUDA-core
-//!   kernel's still ends at once; not measured there).
+//!   the wait. A CTA that finds no chunk also ends only after the wait, so that its slot is not
+//!   taken by the next launch while this kernel's CTAs still run, and so that the grid never
+//!   completes before the kernel it depends on.
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
@@ -1177,9 +1177,11 @@ pub unsafe fn decode_simt<T: Elem, const D: u32, const VPL: usize, const SPLIT: 
     let (item, kv_head, _) = cta_coords::<SPLIT>(p);
     let group = p.num_qo_heads / p.num_kv_heads;
     let chunk = if SPLIT { unsafe { find_chunk(p, item) } } else { Some(unsafe { whole_request(p, item) }) };
+    grid_dependency_wait();
+    // A CTA without a chunk ends after the wait too, so that this grid never completes before
+    // the kernel it depends on (with the page-table promise it read the table before the wait).
     let Some(chunk) = chunk else { return };
     let b = chunk.request;
-    grid_dependency_wait();
     allow_dependent_launch();
     let col = lane * VPL as u32;
     let mut head = warp;

@@ -393,6 +393,33 @@ pub unsafe fn ld_nc_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `st.relaxed.gpu.global.v4.b32`: a 16-byte store whose four words are each a relaxed store at
+/// GPU scope, so that two threads storing to the same words do not race (each word ends up one
+/// thread's).
+///
+/// # Safety
+/// `p` is a 16-byte-aligned global address of 16 writable bytes of a live allocation.
+#[inline(always)]
+pub unsafe fn st_relaxed_v4(p: *mut u8, v: [u32; 4]) {
+    unsafe {
+        asm!("st.relaxed.gpu.global.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+             options(nostack))
+    };
+}
+
+/// `st.relaxed.gpu.global.v2.b32`: [`st_relaxed_v4`] for 8 bytes.
+///
+/// # Safety
+/// `p` is an 8-byte-aligned global address of 8 writable bytes of a live allocation.
+#[inline(always)]
+pub unsafe fn st_relaxed_v2(p: *mut u8, v: [u32; 2]) {
+    unsafe {
+        asm!("st.relaxed.gpu.global.v2.b32 [{p}], {{{a}, {b}}};",
+             p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1], options(nostack))
+    };
+}
+
 /// `atom.relaxed.gpu.global.add.u32`, returning the old value (no ordering: a ticket).
 ///
 /// # Safety
