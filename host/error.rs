@@ -73,17 +73,18 @@ pub enum Error {
     },
     /// A tensor (or the workspace) allocated on a default stream (`CudaContext::default_stream`
     /// or `per_thread_stream`) of a context that orders streams with events, launched on a
-    /// stream of its own (`new_stream`, `fork`). cudarc orders such a context's streams only
-    /// while it holds a stream it created, and the tensor keeps none alive: once the launch
-    /// stream and the context's other created streams are dropped, the tensor's next use on the
-    /// default stream, or its free, would no longer wait for the launch. Launch on a default
-    /// stream (the driver orders those with each other), or allocate the tensor on a created
-    /// stream, which keeps the ordering on for as long as the tensor lives.
+    /// created stream (`new_stream`, `fork`) or a per-thread stream. cudarc orders such a
+    /// context's streams only while it holds a stream it created, and the tensor keeps none
+    /// alive: once the context's created streams are dropped, the tensor's next use or its free
+    /// on a default stream would no longer wait for the launch (a per-thread stream does not wait
+    /// for another thread's). Launch on the legacy default stream, which the driver orders with
+    /// every default stream, or allocate the tensor on a created stream, which keeps the ordering
+    /// on for as long as the tensor lives.
     #[error(
         "`{operand}` was allocated on a default stream of a context that orders streams with events, \
-         and the launch is on a created stream: cudarc stops ordering the two when the context's last \
-         created stream is dropped; allocate it on a stream from CudaContext::new_stream, or launch on \
-         a default stream"
+         and the launch is not on the legacy default stream: cudarc stops ordering the two when the \
+         context's last created stream is dropped; allocate it on a stream from \
+         CudaContext::new_stream, or launch on CudaContext::default_stream"
     )]
     UnorderedStream {
         /// Name of the argument.

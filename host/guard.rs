@@ -13,13 +13,15 @@ use crate::tensor::Workspace;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StreamHandle {
     /// The legacy default stream (`CudaContext::default_stream`): ordered with every blocking
-    /// stream, the per-thread ones included.
+    /// stream of the context, each thread's per-thread stream included.
     Legacy,
     /// The calling thread's default stream (`CudaContext::per_thread_stream`): ordered with the
-    /// legacy stream.
+    /// legacy stream, not with other threads' per-thread streams. The handle names the stream of
+    /// whichever thread uses it, so a slice of one is freed on the stream of the thread that
+    /// drops it.
     PerThread,
-    /// A non-blocking stream of its own (`CudaContext::new_stream`, `CudaStream::fork`, or one
-    /// an `unsafe` `wrap_borrowed_stream` wrapped): ordered with other streams by events alone.
+    /// A non-blocking stream (`CudaContext::new_stream`, `CudaStream::fork`, or one an `unsafe`
+    /// `wrap_borrowed_stream` wrapped): ordered with other streams by events alone.
     Created,
 }
 
@@ -39,12 +41,15 @@ impl StreamHandle {
 /// cudarc orders a context's streams with events only while the context holds a stream it
 /// created: dropping the last one turns the ordering off, for work already enqueued too, and a
 /// slice keeps alive only its own stream. So the slice stays ordered when its own stream is a
-/// created one (it keeps the ordering on), or when the launch is on a default stream, which the
-/// driver orders with the default stream the slice is used and freed on. A slice of the default
-/// stream launched on a created stream is not: once that stream and the context's others are
-/// dropped, reading the slice or freeing it no longer waits for the launch.
+/// created one, which keeps the ordering on (a wrapped stream does not: its operands are the
+/// `unsafe` wrapper's caller's to order), or when the launch is on the legacy stream, which the
+/// driver orders with every default stream the slice can later be used or freed on. A slice of
+/// a default stream launched on a created stream is not, nor one launched on a per-thread
+/// stream, which another thread's per-thread stream does not wait for: once the context's
+/// created streams are dropped, using the slice or freeing it there no longer waits for the
+/// launch.
 pub(crate) fn stays_ordered(manages: bool, home: StreamHandle, launch: StreamHandle) -> bool {
-    !manages || home == StreamHandle::Created || launch != StreamHandle::Created
+    !manages || home == StreamHandle::Created || launch == StreamHandle::Legacy
 }
 
 /// [`Error::WrongDevice`] unless `found` is the driver context of `expected`.
@@ -184,15 +189,15 @@ mod tests {
     use super::StreamHandle::{Created, Legacy, PerThread};
     use super::stays_ordered;
 
-    /// Only a slice of a default stream launched on a created stream, in a context that orders
-    /// streams with events, can lose its ordering; a context that does not is ordered by its
-    /// streams alone (one stream, or the caller's contract without tracking).
+    /// In a context that orders streams with events, a slice of a default stream stays ordered
+    /// only when launched on the legacy stream; a context that does not is ordered by its streams
+    /// alone (the caller's to order across threads and, untracked, across streams).
     #[test]
-    fn a_default_stream_slice_launched_on_a_created_stream_can_lose_its_ordering() {
+    fn a_default_stream_slice_stays_ordered_on_the_legacy_stream_alone() {
         for home in [Legacy, PerThread, Created] {
             for launch in [Legacy, PerThread, Created] {
                 assert!(stays_ordered(false, home, launch), "{home:?} on {launch:?} without tracking");
-                let lost = home != Created && launch == Created;
+                let lost = home != Created && launch != Legacy;
                 assert_eq!(stays_ordered(true, home, launch), !lost, "{home:?} on {launch:?}");
             }
         }

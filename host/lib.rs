@@ -100,13 +100,16 @@
 //! one turns the ordering off, for work already enqueued too. A slice keeps alive only the
 //! stream it was allocated on. So a tensor allocated on a default stream
 //! (`CudaContext::default_stream`, `per_thread_stream`) of a context that orders streams is
-//! refused on a created stream ([`Error::UnorderedStream`]): once that stream and the context's
-//! others were dropped, the tensor's next use on the default stream, or its free, would not
-//! wait for the launch. It is taken on a default stream, which the driver orders with the
-//! others; a tensor of a created stream is taken on any stream of its context, since it keeps
-//! the ordering on. Per-thread default streams of two threads are not ordered with each other,
-//! and in a context without created streams cudarc records no events: there, work on one tensor
-//! from several threads is the caller's to order (candle's per-thread mode; see the README).
+//! taken on the legacy default stream alone, which the driver orders with every default stream
+//! it can later be used or freed on; on a created or a per-thread stream it is refused
+//! ([`Error::UnorderedStream`]): once the context's created streams were dropped, its next use
+//! or its free would not wait for the launch. A tensor of a created stream is taken on any
+//! stream of its context, since it keeps the ordering on (a stream wrapped by the `unsafe`
+//! `CudaContext::wrap_borrowed_stream` counts as created but keeps nothing on: its tensors are
+//! that caller's to order). Per-thread default streams of two threads are not ordered with each
+//! other, and in a context without created streams cudarc records no events: there, work on
+//! one tensor from several threads is the caller's to order (candle's per-thread mode; see the
+//! README).
 //!
 //! **Page tables.** The fast path trusts the values of `indptr` / `indices` / `last_page_len`
 //! but every access stays inside the given tensors (see `kernels-gpu/src/lib.rs`); a corrupt

@@ -1343,11 +1343,12 @@ fn run_refuses_unordered_context_objects() {
 }
 
 /// A context object that orders streams with events (a created stream of its own): tensors and a
-/// workspace allocated on its default stream are refused on the created stream
-/// (`UnorderedStream`), where the ordering would end with the context's last created stream;
-/// they are taken on the default stream itself, tensors of the created stream are taken on
-/// either, and each run gives the reference's result. After the created stream is dropped, the
-/// default stream's run still reads and frees its tensors in order.
+/// workspace allocated on its default stream are refused on the created stream and on the
+/// per-thread stream (`UnorderedStream`), where the ordering would end with the context's last
+/// created stream; they are taken on the legacy default stream, tensors of the created stream are
+/// taken on all three, and each run gives the reference's result (so a programmatic launch works
+/// on the default streams too). Once the created stream is dropped the context orders nothing
+/// with events, and the default stream's tensors are taken on any of its streams again.
 #[test]
 fn run_refuses_default_stream_operands_on_a_created_stream() {
     use cudarc::driver::CudaContext;
@@ -1358,67 +1359,56 @@ fn run_refuses_default_stream_operands_on_a_created_stream() {
     let plan =
         BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
     assert!(plan.workspace_size() > 0, "a split plan, so that the workspace is checked");
+    let unordered = |r: paged_decode::Result<()>, operand: &str, what: &str| match r {
+        Err(Error::UnorderedStream { operand: o }) => assert_eq!(o, operand, "{what}"),
+        other => panic!("{what}: expected UnorderedStream for {operand}, got {other:?}"),
+    };
 
     let ctx = CudaContext::new(0).unwrap();
     let created = ctx.new_stream().unwrap();
-    let default = ctx.default_stream();
+    let (default, per_thread) = (ctx.default_stream(), ctx.per_thread_stream());
     assert!(ctx.is_managing_stream_synchronization());
     let mut on_default = DeviceProblem::upload(&default, &host, plan.workspace_size()).unwrap();
     let mut on_created = DeviceProblem::upload(&created, &host, plan.workspace_size()).unwrap();
-    {
+    for (what, stream) in [("a created stream", &created), ("the per-thread stream", &per_thread)] {
         let (mut args, mut ws) = on_default.args_and_workspace();
-        match plan.run(&created, &mut ws, &mut args) {
-            Err(Error::UnorderedStream { operand: "q" }) => {}
-            other => {
-                panic!("default-stream tensors on a created stream: expected UnorderedStream, got {other:?}")
-            }
-        }
-    }
-    match Workspace::zeroed(&created, on_default.workspace.slice_mut(..)) {
-        Err(Error::UnorderedStream { operand: "workspace" }) => {}
-        other => {
-            panic!("a default-stream workspace on a created stream: expected UnorderedStream, got {other:?}")
-        }
+        unordered(plan.run(stream, &mut ws, &mut args), "q", &format!("default-stream tensors on {what}"));
+        let zeroed = Workspace::zeroed(stream, on_default.workspace.slice_mut(..)).map(|_| ());
+        unordered(zeroed, "workspace", &format!("a default-stream workspace zeroed on {what}"));
     }
     {
         // Tensors of the created stream with a workspace of the default one.
         let (mut args, _) = on_created.args_and_workspace();
         let mut ws = Workspace::zeroed(&default, on_default.workspace.slice_mut(..)).unwrap();
-        match plan.run(&created, &mut ws, &mut args) {
-            Err(Error::UnorderedStream { operand: "workspace" }) => {}
-            other => panic!(
-                "a default-stream workspace on a created stream: expected UnorderedStream, got {other:?}"
-            ),
-        }
+        unordered(plan.run(&created, &mut ws, &mut args), "workspace", "a default-stream workspace");
     }
-    for (what, stream, problem) in [
-        ("default-stream tensors on the default stream", &default, &mut on_default),
-        ("created-stream tensors on the created stream", &created, &mut on_created),
-    ] {
-        problem.poison_outputs(stream).unwrap();
-        let (mut args, mut ws) = problem.args_and_workspace();
-        plan.run(stream, &mut ws, &mut args).unwrap();
-        let (o, lse) = (stream.clone_dtoh(&problem.o).unwrap(), stream.clone_dtoh(&problem.lse).unwrap());
-        check(what, &spec, &o, &lse, &want);
-    }
-    {
+    on_default.poison_outputs(&default).unwrap();
+    let (o, lse) = {
+        let (mut args, mut ws) = on_default.args_and_workspace();
+        plan.run(&default, &mut ws, &mut args).unwrap();
+        (default.clone_dtoh(&on_default.o).unwrap(), default.clone_dtoh(&on_default.lse).unwrap())
+    };
+    check("default-stream tensors on the default stream", &spec, &o, &lse, &want);
+    for (what, stream) in [("created", &created), ("default", &default), ("per-thread", &per_thread)] {
         on_created.poison_outputs(&created).unwrap();
         let (mut args, mut ws) = on_created.args_and_workspace();
-        plan.run(&default, &mut ws, &mut args).unwrap();
+        plan.run(stream, &mut ws, &mut args).unwrap();
         let (o, lse) =
-            (default.clone_dtoh(&on_created.o).unwrap(), default.clone_dtoh(&on_created.lse).unwrap());
-        check("created-stream tensors on the default stream", &spec, &o, &lse, &want);
+            (created.clone_dtoh(&on_created.o).unwrap(), created.clone_dtoh(&on_created.lse).unwrap());
+        check(&format!("created-stream tensors on the {what} stream"), &spec, &o, &lse, &want);
     }
     drop(on_created);
     drop(created);
     assert!(!ctx.is_managing_stream_synchronization(), "the last created stream is gone");
     on_default.poison_outputs(&default).unwrap();
-    let (mut args, mut ws) = on_default.args_and_workspace();
-    plan.run(&default, &mut ws, &mut args).unwrap();
+    {
+        let (mut args, mut ws) = on_default.args_and_workspace();
+        plan.run(&per_thread, &mut ws, &mut args).unwrap();
+    }
+    per_thread.synchronize().unwrap();
     let (o, lse) = (default.clone_dtoh(&on_default.o).unwrap(), default.clone_dtoh(&on_default.lse).unwrap());
-    check("default-stream tensors after the created stream is gone", &spec, &o, &lse, &want);
-    default.synchronize().unwrap();
-    println!("default-stream operands refused on a created stream; taken on the default stream");
+    check("default-stream tensors on the per-thread stream, no created stream left", &spec, &o, &lse, &want);
+    println!("default-stream operands refused off the legacy stream while the context orders streams");
 }
 
 /// A checked `run` or `check_page_table` on a capturing stream says so, before touching the

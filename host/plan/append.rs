@@ -354,7 +354,7 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
     ///
     /// Refused as [`BatchPagedDecodePlan::run`](super::BatchPagedDecodePlan::run) is: operands of
     /// another context ([`Error::WrongDevice`]) or of an unordered `CudaContext` object
-    /// ([`Error::UnorderedContext`]), default-stream operands on a created stream
+    /// ([`Error::UnorderedContext`]), default-stream operands off the legacy stream
     /// ([`Error::UnorderedStream`]), capture in a context that tracks events
     /// ([`Error::CaptureWithTracking`]), and a checked run while `stream` captures
     /// ([`Error::CheckedUnderCapture`]).

@@ -633,9 +633,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
     /// Refused before any kernel is enqueued: a stream of another context than the plan's, or a
     /// tensor or workspace of another context than the stream's ([`Error::WrongDevice`]); a
     /// tensor or workspace of another `CudaContext` object whose event tracking does not order it
-    /// with the stream ([`Error::UnorderedContext`]); on a created stream, a tensor or workspace
-    /// allocated on a default stream of a context that orders streams with events
-    /// ([`Error::UnorderedStream`]); a run on a capturing stream in a context
+    /// with the stream ([`Error::UnorderedContext`]); on any stream but the legacy default one, a
+    /// tensor or workspace allocated on a default stream of a context that orders streams with
+    /// events ([`Error::UnorderedStream`]); a run on a capturing stream in a context
     /// that tracks events ([`Error::CaptureWithTracking`]: capture on
     /// [`Device::open_untracked`](crate::Device::open_untracked)), and a checked run on any
     /// capturing stream ([`Error::CheckedUnderCapture`]).
