@@ -59,13 +59,16 @@ pub enum Error {
     },
     /// A tensor (or the workspace) lives in the launch's driver context but belongs to another
     /// cudarc `CudaContext` object than the launch stream, one of the two managing stream
-    /// synchronization (event tracking with streams of its own) and the other not: cudarc would
-    /// then fail to order the launch after the tensor's last write, or the tensor's next write
-    /// and its free after the launch. Launch on a stream of the tensor's own `CudaContext`.
+    /// synchronization (event tracking with streams of its own) and the other not, or both and
+    /// the launch on a default stream of the stream's object (whose last created stream another
+    /// thread could drop before the launch is recorded): cudarc would then fail to order the
+    /// launch after the tensor's last write, or the tensor's next write and its free after the
+    /// launch. Launch on a stream of the tensor's own `CudaContext`.
     #[error(
         "`{operand}` belongs to another cudarc CudaContext object of the launch's device, whose event \
          tracking does not order it with the launch stream (one of the two manages stream \
-         synchronization, the other does not); launch on a stream of the tensor's own CudaContext"
+         synchronization and the other does not, or the launch is on a default stream); launch on a \
+         stream of the tensor's own CudaContext"
     )]
     UnorderedContext {
         /// Name of the argument.

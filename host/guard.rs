@@ -62,25 +62,25 @@ fn same_driver_context(expected: &CudaContext, operand: &'static str, found: &Cu
 
 /// An operand allocated on `home` of a launch on `launch`: of the same driver context
 /// ([`Error::WrongDevice`]); ordered with the launch by cudarc's event tracking
-/// ([`Error::UnorderedContext`]): cudarc makes a launch wait for a slice's last write, and the
-/// slice's drop wait for the launch, only when the slice's `CudaContext` object manages stream
-/// synchronization, and it records the launch only when the stream's object does, so the
-/// operand's object is the stream's, or another that manages synchronization exactly when the
-/// stream's does; and still ordered after the launch ([`Error::UnorderedStream`],
-/// [`stays_ordered`]).
+/// ([`Error::UnorderedContext`]); and still ordered after the launch ([`Error::UnorderedStream`],
+/// [`stays_ordered`]). cudarc makes a launch wait for a slice's last write, and the slice's drop
+/// wait for the launch, only when the slice's `CudaContext` object manages stream
+/// synchronization, and it records the launch only when the stream's object does (when the
+/// launch's guards drop, after this check). So the operand's object is the stream's, or neither
+/// manages, or both do and the launch stream is a created one: `run` holds it until the launch
+/// is recorded, which keeps its object managing (another thread dropping that object's last
+/// created stream could otherwise turn the recording off between this check and the launch).
 pub(crate) fn ordered_operand(launch: &CudaStream, operand: &'static str, home: &CudaStream) -> Result<()> {
     let (stream_ctx, found) = (launch.context(), home.context());
     same_driver_context(stream_ctx, operand, found)?;
+    let manages = found.is_managing_stream_synchronization();
     if !std::ptr::eq(&**stream_ctx, &**found)
-        && stream_ctx.is_managing_stream_synchronization() != found.is_managing_stream_synchronization()
+        && (stream_ctx.is_managing_stream_synchronization() != manages
+            || manages && StreamHandle::of(launch) != StreamHandle::Created)
     {
         return Err(Error::UnorderedContext { operand });
     }
-    if !stays_ordered(
-        found.is_managing_stream_synchronization(),
-        StreamHandle::of(home),
-        StreamHandle::of(launch),
-    ) {
+    if !stays_ordered(manages, StreamHandle::of(home), StreamHandle::of(launch)) {
         return Err(Error::UnorderedStream { operand });
     }
     Ok(())

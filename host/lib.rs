@@ -90,9 +90,10 @@
 //! The check compares context handles, a few pointer comparisons per call. cudarc keeps its
 //! event tracking per `CudaContext` object, and two objects can share one driver context (two
 //! `CudaContext::new(0)`, or candle's and this crate's [`Device`]): a tensor of another object
-//! is taken only when both objects manage stream synchronization or neither does, since cudarc
-//! orders a launch after a slice's last write, and the slice's drop after the launch, only when
-//! the slice's object does and it records the launch only when the stream's does
+//! is taken only when neither object manages stream synchronization, or both do and the launch
+//! is on a created stream (which keeps its object managing until the launch is recorded), since
+//! cudarc orders a launch after a slice's last write, and the slice's drop after the launch,
+//! only when the slice's object does and it records the launch only when the stream's does
 //! ([`Error::UnorderedContext`] otherwise; [`Workspace::zeroed`] checks its bytes alike).
 //!
 //! **Default streams.** cudarc orders a context's streams with events only while the context

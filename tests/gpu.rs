@@ -1266,7 +1266,8 @@ fn refuses_foreign_operands(dev: &Device, other: &Device) {
 /// of an object used through its default stream alone (which does not manage stream
 /// synchronization) are refused on the stream of a tracking `Device` (which does), and so is a
 /// workspace zeroed there; tensors of an object with a stream of its own (managing, as the
-/// device) are taken and give the reference's result. A decode and an append captured on the
+/// device) are taken on the device's stream and give the reference's result, and refused on its
+/// default stream. A decode and an append captured on the
 /// tracking device's stream are refused before anything is enqueued: the capture ends empty.
 #[test]
 fn run_refuses_unordered_context_objects() {
@@ -1312,6 +1313,12 @@ fn run_refuses_unordered_context_objects() {
     }
     let (o, lse) = (s.clone_dtoh(&ordered.o).unwrap(), s.clone_dtoh(&ordered.lse).unwrap());
     check("tensors of another managing context object", &spec, &o, &lse, &host.reference().unwrap());
+    // Not on a default stream of the launch's object, which might stop managing before the launch
+    // is recorded.
+    {
+        let (_, mut ws) = mine.args_and_workspace();
+        unordered(plan.run(&dev.ctx.default_stream(), &mut ws, &mut ordered.args()), "q");
+    }
 
     // Capture in a tracking context: the decode and the append are refused, and record nothing.
     let desc = PagedKvAppendDescriptor { batch_size: 3, paged_kv: host.desc.paged_kv };
