@@ -154,14 +154,20 @@ static MODULES: Mutex<Vec<(ModuleKey, Arc<CudaModule>)>> = Mutex::new(Vec::new()
 /// still alive keep the modules they launch (through their functions), and a later `select`
 /// loads what it needs again.
 ///
+/// The cache is keyed by the driver context, so this reaches the plans selected through every
+/// `CudaContext` object of it, in any part of the process (each `Device::open(0)` and candle's
+/// device of GPU 0 share the primary context). Code outside cudarc that resets the primary
+/// context (`cudaDeviceReset`, `cuDevicePrimaryCtxReset`) unloads the modules while the handle
+/// usually stays the same: call this after such a reset, before selecting plans again.
+///
 /// # Safety
 /// A module no live plan holds is unloaded here, or later when the last plan holding it is
 /// dropped, and a captured CUDA graph holds its kernels as raw handles: no graph that captured a
-/// launch of a plan of this context may be replayed once that plan is dropped (the same rule as
-/// for the buffers a graph captured). Unloading a module whose kernels are still running is not
-/// a defined driver operation either: the launches of dropped plans of this context have
-/// completed (synchronize its streams) before this call, and those of the plans still alive
-/// before each is dropped.
+/// launch of a plan of this driver context (through any `CudaContext` object of it) may be
+/// replayed once that plan is dropped (the same rule as for the buffers a graph captured).
+/// Unloading a module whose kernels are still running is not a defined driver operation either:
+/// the launches of dropped plans of this driver context have completed (synchronize its
+/// streams) before this call, and those of the plans still alive before each is dropped.
 pub unsafe fn release_cached_modules(ctx: &CudaContext) -> usize {
     let mut cache = MODULES.lock().unwrap_or_else(|e| e.into_inner());
     let before = cache.len();

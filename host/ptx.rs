@@ -238,6 +238,41 @@ mod tests {
         assert!(EntryModules::new(&with_load).shared_state().is_empty());
     }
 
+    /// Every kernel but the bench's read kernel takes one parameter block by value, the
+    /// `#[repr(C)]` struct of `params.rs` the host launches it with: the blocks' sizes as the host
+    /// compiles them are the byte arrays each entry of both builds declares (the `DeviceRepr`
+    /// of the plans rests on it).
+    #[test]
+    fn every_entry_takes_the_host_parameter_block_of_its_size() {
+        use crate::params::{AppendParams, DecodeParams, PageTableCheckParams};
+        use std::mem::size_of;
+        for (build, text) in [("sm_80", super::PTX), ("sm_90", super::PTX_SM90)] {
+            let modules = EntryModules::new(text);
+            let mut blocks = 0;
+            for name in modules.names() {
+                let module = modules.module(name).unwrap();
+                let declaration = format!(".param .align 8 .b8 {name}_param_0[");
+                let Some(at) = module.find(&declaration) else {
+                    assert_eq!(name, "read_bandwidth", "{build} {name}: no parameter block");
+                    continue;
+                };
+                let signature = &module[at + declaration.len()..];
+                let signature = &signature[..signature.find(')').unwrap()];
+                let bytes: usize = signature[..signature.find(']').unwrap()].parse().unwrap();
+                assert!(!signature.contains(".param"), "{build} {name}: more than one parameter");
+                let host = match name.split('_').next().unwrap() {
+                    "decode" | "schedule" => size_of::<DecodeParams>(),
+                    "append" => size_of::<AppendParams>(),
+                    "check" => size_of::<PageTableCheckParams>(),
+                    other => panic!("{build} {name}: no parameter block known for `{other}` entries"),
+                };
+                assert_eq!(bytes, host, "{build} {name}: the PTX's parameter block against the host's");
+                blocks += 1;
+            }
+            assert!(blocks > 60, "{build}: {blocks} entries checked");
+        }
+    }
+
     #[test]
     fn an_unclosed_entry_has_no_module() {
         let cut = &PTX[..PTX.find("\tret;\n}\n\t// .globl\tsecond").unwrap()];

@@ -29,3 +29,14 @@ use crate::params::{AppendParams, DecodeParams, PageTableCheckParams};
 unsafe impl cudarc::driver::DeviceRepr for DecodeParams {}
 unsafe impl cudarc::driver::DeviceRepr for AppendParams {}
 unsafe impl cudarc::driver::DeviceRepr for PageTableCheckParams {}
+
+// Plans hold no device state and may be shared between threads (the crate's safety model): a
+// field that is not `Send + Sync` stops the build here.
+const _: () = {
+    const fn shareable<P: Send + Sync>() {}
+    shareable::<BatchPagedDecodePlan<half::f16>>();
+    shareable::<BatchPagedDecodePlan<half::bf16, float8::F8E4M3>>();
+    shareable::<BatchPagedDecodePlan<f32>>();
+    shareable::<PagedKvAppendPlan<half::f16>>();
+    shareable::<PagedKvAppendPlan<half::f16, float8::F8E5M2>>();
+};
