@@ -254,7 +254,15 @@ pub(crate) fn function(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         // One read-and-raise at a time, so that two threads' selects cannot lower it either.
         let _one_at_a_time = RAISING.lock().unwrap_or_else(|e| e.into_inner());
-        if f.get_attribute(limit)? < smem_bytes as i32 {
+        // Read through the caller's context object: `CudaFunction::get_attribute` binds the
+        // module's, which may be another object of this driver context (the cache is shared),
+        // and would take that object's pending error as this call's.
+        ctx.bind_to_thread()?;
+        // SAFETY: `f` is a live function of `ctx`'s driver context (its module is held by `f`),
+        // and that context is current on this thread.
+        let current =
+            unsafe { cudarc::driver::result::function::get_function_attribute(f.cu_function(), limit) }?;
+        if current < smem_bytes as i32 {
             f.set_attribute(limit, smem_bytes as i32)?;
         }
     }
