@@ -149,7 +149,7 @@ impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
             ("o", self.o.home_stream()),
             ("lse", self.lse.home_stream()),
         ];
-        launch_operands(plan_ctx, stream, &operands.map(|(name, home)| (name, &**home)))
+        launch_operands(plan_ctx, stream, &operands)
     }
 }
 
@@ -165,7 +165,7 @@ impl<T, C> PagedKvAppendArgs<'_, T, C> {
             ("indptr", self.indptr.home_stream()),
             ("last_page_len", self.last_page_len.home_stream()),
         ];
-        launch_operands(plan_ctx, stream, &operands.map(|(name, home)| (name, &**home)))
+        launch_operands(plan_ctx, stream, &operands)
     }
 }
 
@@ -180,7 +180,7 @@ impl<T, C> PagedKvAppendPairedArgs<'_, T, C> {
             ("indptr", self.indptr.home_stream()),
             ("last_page_len", self.last_page_len.home_stream()),
         ];
-        launch_operands(plan_ctx, stream, &operands.map(|(name, home)| (name, &**home)))
+        launch_operands(plan_ctx, stream, &operands)
     }
 }
 

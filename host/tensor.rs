@@ -85,7 +85,7 @@ impl<'a, T, const N: usize> TensorRef<'a, T, N> {
         self.data.stream().context()
     }
     /// The stream the viewed memory was allocated on (and is freed on).
-    pub(crate) fn home_stream(&self) -> &Arc<CudaStream> {
+    pub(crate) fn home_stream(&self) -> &CudaStream {
         self.data.stream()
     }
 }
@@ -116,7 +116,7 @@ impl<'a, T, const N: usize> TensorMut<'a, T, N> {
         self.data.stream().context()
     }
     /// The stream the viewed memory was allocated on (and is freed on).
-    pub(crate) fn home_stream(&self) -> &Arc<CudaStream> {
+    pub(crate) fn home_stream(&self) -> &CudaStream {
         self.data.stream()
     }
 }
@@ -225,7 +225,7 @@ impl<'a> Workspace<'a> {
     }
 
     /// The stream the workspace was allocated on (`None` without a workspace).
-    pub(crate) fn home_stream(&self) -> Option<&Arc<CudaStream>> {
-        self.bytes.as_ref().map(|v| v.stream())
+    pub(crate) fn home_stream(&self) -> Option<&CudaStream> {
+        self.bytes.as_ref().map(|v| &**v.stream())
     }
 }
