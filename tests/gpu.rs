@@ -85,6 +85,7 @@ fn random_spec(rng: &mut Rng, seed: u64) -> (ElementKind, ProblemSpec) {
         // A page table sized to the batch bounds the split grid; a larger one keeps it whole.
         indices_slack: if rng.below(4) == 0 { rng.below(3000) as usize } else { 0 },
         seed,
+        poison_unused_slots: true,
     };
     (kind, spec)
 }
@@ -133,11 +134,12 @@ fn run_and_check<T: Element>(
 }
 
 /// ≥ 1000 random configurations over dtypes, head_dims, group sizes 1..64, page sizes 1..256,
-/// ragged lengths with empty, 1-token and full-last-page requests, permuted pages, any sm_scale.
+/// ragged lengths with empty, 1-token and full-last-page requests, permuted pages, any sm_scale;
+/// the store's slots that no request reads hold NaN.
 #[test]
 fn decode_random_sweep() {
     let Some(dev) = device("decode_random_sweep") else { return };
-    let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xC0FFEE);
+    let base_seed = problem::sweep_seed("decode_random_sweep");
     let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200);
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
@@ -571,7 +573,9 @@ fn lean_scheduled_case<T: Element + ProblemCache>(dev: &Device, name: &str, spec
     let qo_heads = host.desc.num_qo_heads as usize;
     let row = qo_heads * host.desc.paged_kv.head_dim as usize;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (b, _) in spec.lens.iter().enumerate().filter(|&(_, &len)| len <= least_chunk) {
+    let whole = spec.lens.iter().enumerate().filter(|&(_, &len)| len <= least_chunk);
+    assert!(whole.clone().count() > 0, "{what}: no request of at most the least chunk to compare");
+    for (b, _) in whole {
         let (o_b, lse_b) = (b * row..(b + 1) * row, b * qo_heads..(b + 1) * qo_heads);
         assert!(checksum(&o[o_b.clone()]) == checksum(&o1[o_b]), "{what}: request {b}'s o differs");
         assert!(bits(&lse[lse_b.clone()]) == bits(&lse1[lse_b]), "{what}: request {b}'s lse differs");
@@ -641,9 +645,12 @@ fn decode_deterministic_and_graph_replay() {
         assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()));
         assert!(l1.iter().zip(&l2).all(|(a, b)| a.to_bits() == b.to_bits()));
 
-        buf.poison_outputs(&dev.stream).unwrap();
+        // Each captured run starts from NaN outputs, so that a replay that leaves a row unwritten
+        // fails instead of showing the row an earlier run wrote.
+        let poison = buf.output_poison(&dev.stream).unwrap();
         dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
         for _ in 0..4 {
+            buf.poison_outputs_from(&dev.stream, &poison).unwrap();
             let (mut args, mut ws) = buf.args_and_workspace();
             plan.run(&dev.stream, &mut ws, &mut args).unwrap();
         }
@@ -735,10 +742,13 @@ fn chained_decodes_see_the_previous_kernels_output() {
             let (o2, l2) = (s.clone_dtoh(&b.o).unwrap(), s.clone_dtoh(&b.lse).unwrap());
             check("second of chain", &spec, &o2, &l2, &want);
 
+            // Both decodes' outputs NaN before each captured chain (the first one's `o` is the
+            // second one's queries).
+            let (poison_a, poison_b) = (a.output_poison(s).unwrap(), b.output_poison(s).unwrap());
             s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
             for _ in 0..3 {
-                s.memset_zeros(&mut a.o).unwrap();
-                s.memset_zeros(&mut b.o).unwrap();
+                a.poison_outputs_from(s, &poison_a).unwrap();
+                b.poison_outputs_from(s, &poison_b).unwrap();
                 chain(&mut a, &mut b);
             }
             let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
@@ -746,9 +756,10 @@ fn chained_decodes_see_the_previous_kernels_output() {
             for _ in 0..replays {
                 graph.launch().unwrap();
             }
-            let replayed = s.clone_dtoh(&b.o).unwrap();
+            let (replayed, replayed_lse) = (s.clone_dtoh(&b.o).unwrap(), s.clone_dtoh(&b.lse).unwrap());
             assert!(
-                replayed.iter().zip(&o2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                replayed.iter().zip(&o2).all(|(x, y)| x.to_bits() == y.to_bits())
+                    && replayed_lse.iter().zip(&l2).all(|(x, y)| x.to_bits() == y.to_bits()),
                 "shape {i}, {pref:?}: graph replay differs from eager"
             );
             println!(
@@ -1110,7 +1121,10 @@ fn split_state_lives_in_the_workspace() {
     assert!(plan.config().is_split());
     let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
 
-    // First run on another stream, right after `select` (which no longer writes anything).
+    // First run on another stream, right after `select` (which no longer writes anything), on
+    // outputs poisoned (and synchronized: the streams are untracked) beforehand.
+    buf.poison_outputs(&dev.stream).unwrap();
+    dev.stream.synchronize().unwrap();
     let other = dev.ctx.new_stream().unwrap();
     let mut ws_bytes = other.alloc_zeros::<u8>(plan.workspace_size()).unwrap();
     {
@@ -1123,10 +1137,11 @@ fn split_state_lives_in_the_workspace() {
     check("first run on another stream", &spec, &o, &lse, &reference);
 
     // A graph keeps working after the plan that recorded it is dropped.
-    buf.poison_outputs(&dev.stream).unwrap();
+    let poison = buf.output_poison(&dev.stream).unwrap();
     let mut ws = Workspace::zeroed(&dev.stream, ws_bytes.slice_mut(..)).unwrap();
     dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     for _ in 0..3 {
+        buf.poison_outputs_from(&dev.stream, &poison).unwrap();
         let mut args = buf.args();
         plan.run(&dev.stream, &mut ws, &mut args).unwrap();
     }
@@ -1685,14 +1700,15 @@ fn prepare_fp8(i: usize, spec: &ProblemSpec) -> PreparedFp8 {
 
 /// 8-bit caches (E4M3 and E5M2, f16 and bf16 q, scales that are not powers of two): random
 /// configurations over head_dims, groups 1..64, page sizes 1..256, ragged lengths with empty,
-/// 1-token and full-last-page requests, permuted pages and every split path, against the float64
+/// 1-token and full-last-page requests, permuted pages (the slots no request reads hold NaN
+/// codes) and every split path, against the float64
 /// reference over the dequantized cache (f16 q ≤ 1e-3, bf16 q ≤ 8e-3, lse ≤ 1e-3), plus the edge
 /// cases of one long request among short ones and a batch of 16384.
 #[test]
 fn fp8_decode_random_sweep() {
     let test = "fp8_decode_random_sweep";
     let Some(dev) = fp8_device(test) else { return };
-    let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xF8F8);
+    let base_seed = problem::sweep_seed(test);
     let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200) / 2;
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let edge_cases = [

@@ -273,6 +273,7 @@ fn random_case<T: Element + ProblemCache>(rng: &mut Rng, seed: u64) -> Case<T> {
         spare_pages: rng.below(5) as usize,
         indices_slack: if rng.below(4) == 0 { rng.below(3000) as usize } else { 0 },
         seed,
+        poison_unused_slots: true,
     };
     let layout = LAYOUTS[rng.below(LAYOUTS.len() as u64) as usize];
     Case {
@@ -329,11 +330,12 @@ fn sweep<T: Element + ProblemCache>(
 
 /// Random configurations of variants × layouts × dtypes × head_dims × groups × pages, ragged
 /// lengths with empty and 1-token requests, windows shorter and longer than the requests, caps
-/// 1–100 and sinks (`PAGED_DECODE_SEED` / `PAGED_DECODE_VARIANT_SWEEP` override; 200 per dtype).
+/// 1–100 and sinks; a fresh seed each run unless `PAGED_DECODE_SEED` gives one, and
+/// `PAGED_DECODE_VARIANT_SWEEP` configurations (200) per dtype.
 #[test]
 fn decode_variant_sweep() {
     let Some(dev) = device("decode_variant_sweep") else { return };
-    let base_seed: u64 = problem::env_number("PAGED_DECODE_SEED", 0xBADCAB);
+    let base_seed = problem::sweep_seed("decode_variant_sweep");
     let configs: usize = problem::env_number("PAGED_DECODE_VARIANT_SWEEP", 200);
     let mut paths = std::collections::BTreeMap::new();
     let w16 = sweep::<f16>(&dev, configs, base_seed, &mut paths);

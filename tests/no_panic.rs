@@ -616,6 +616,7 @@ fn problem_spec() -> BoxedStrategy<ProblemSpec> {
             spare_pages,
             indices_slack,
             seed,
+            poison_unused_slots: seed % 2 == 0,
             ..ProblemSpec::uniform(0, 0, hq, hkv, d, page)
         })
         .boxed()

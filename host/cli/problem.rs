@@ -1,6 +1,7 @@
 //! Random paged decode problems on the host and their device copies: shared by the GPU tests,
 //! the CLI's main job and the benchmark.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
@@ -129,6 +130,11 @@ pub struct ProblemSpec {
     pub indices_slack: usize,
     /// Seed of the random data and page permutation.
     pub seed: u64,
+    /// The store's slots that no request reads (the tail of each request's last page, the
+    /// spare pages) hold NaN (an 8-bit store: its NaN code) instead of random values, so that a
+    /// kernel that loads them and masks their scores fails its check (NaN times a zero weight
+    /// is NaN). Off where a test changes the page table after drawing the problem.
+    pub poison_unused_slots: bool,
 }
 
 impl ProblemSpec {
@@ -146,6 +152,7 @@ impl ProblemSpec {
             spare_pages: 0,
             indices_slack: 0,
             seed: 0x5eed,
+            poison_unused_slots: false,
         }
     }
 
@@ -352,8 +359,27 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         let q_len = spec.batch() * spec.num_qo_heads * spec.head_dim;
         let q = random_vec(q_len, spec.seed, 1, |rng| T::from_f64(rng.symmetric() * spec.q_scale));
         let store = total_pages * spec.num_kv_heads * ps * spec.head_dim;
-        let k_data = random_vec(store, spec.seed, 2, |rng| C::store(rng.symmetric(), scales.k_scale));
-        let v_data = random_vec(store, spec.seed, 3, |rng| C::store(rng.symmetric(), scales.v_scale));
+        let mut k_data = random_vec(store, spec.seed, 2, |rng| C::store(rng.symmetric(), scales.k_scale));
+        let mut v_data = random_vec(store, spec.seed, 3, |rng| C::store(rng.symmetric(), scales.v_scale));
+        if spec.poison_unused_slots {
+            // Slots a page's requests use: every page holds one request's tokens (a permutation).
+            let mut used_slots = vec![0usize; total_pages];
+            for (b, &len) in spec.lens.iter().enumerate() {
+                for (j, &page) in indices[indptr[b] as usize..indptr[b + 1] as usize].iter().enumerate() {
+                    used_slots[page as usize] = (len - j * ps).min(ps);
+                }
+            }
+            let (k_nan, v_nan) = (C::store(f64::NAN, scales.k_scale), C::store(f64::NAN, scales.v_scale));
+            let row = ps * spec.head_dim;
+            for (page, &used) in used_slots.iter().enumerate() {
+                for h in 0..spec.num_kv_heads {
+                    let unused = (page * spec.num_kv_heads + h) * row + used * spec.head_dim
+                        ..(page * spec.num_kv_heads + h + 1) * row;
+                    k_data[unused.clone()].fill(k_nan);
+                    v_data[unused].fill(v_nan);
+                }
+            }
+        }
         Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len, scales })
     }
 
@@ -481,6 +507,13 @@ pub struct DeviceProblem<T, C = T> {
     shape: (i32, i32, i32, [i32; 4]),
 }
 
+/// NaN rows of a [`DeviceProblem`]'s output sizes on the device ([`DeviceProblem::output_poison`]).
+#[derive(Debug)]
+pub struct OutputPoison<T> {
+    o: CudaSlice<T>,
+    lse: CudaSlice<f32>,
+}
+
 impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
     /// Uploads `host` and allocates outputs and `workspace_bytes` of workspace.
     pub fn upload(
@@ -519,6 +552,23 @@ impl<T: Element, C: CacheElement> DeviceProblem<T, C> {
     pub fn poison_outputs(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.memcpy_htod(&vec![T::from_f64(f64::NAN); self.o.len()], &mut self.o)?;
         stream.memcpy_htod(&vec![f32::NAN; self.lse.len()], &mut self.lse)?;
+        Ok(())
+    }
+
+    /// NaN rows the size of `o` and `lse`, for [`Self::poison_outputs_from`].
+    pub fn output_poison(&self, stream: &Arc<CudaStream>) -> Result<OutputPoison<T>> {
+        Ok(OutputPoison {
+            o: stream.clone_htod(&vec![T::from_f64(f64::NAN); self.o.len()])?,
+            lse: stream.clone_htod(&vec![f32::NAN; self.lse.len()])?,
+        })
+    }
+
+    /// As [`Self::poison_outputs`], by device copies from `poison`, so that a captured graph
+    /// poisons the outputs before each of its runs (a copy from pageable host memory cannot be
+    /// captured).
+    pub fn poison_outputs_from(&mut self, stream: &Arc<CudaStream>, poison: &OutputPoison<T>) -> Result<()> {
+        stream.memcpy_dtod(&poison.o, &mut self.o)?;
+        stream.memcpy_dtod(&poison.lse, &mut self.lse)?;
         Ok(())
     }
 
@@ -618,7 +668,8 @@ pub fn compare_outputs<T: Element>(
 
 /// Compares request `b`'s output rows (`o`: `[Hq, D]`, `lse`: `[Hq]`) with its reference rows
 /// ([`HostProblem::reference_request`]'s, or a batch reference's); returns the relative error of
-/// `o`. NaN never passes, and a `-inf` reference lse takes exactly `-inf`.
+/// `o`. NaN never passes, a `-inf` reference lse takes exactly `-inf`, and a request with no
+/// tokens exactly `o = 0`.
 pub fn compare_request<T: Element>(
     spec: &ProblemSpec,
     b: usize,
@@ -629,6 +680,9 @@ pub fn compare_request<T: Element>(
     let len = spec.lens.get(b).copied().unwrap_or(0);
     if o.len() != want_o.len() || lse.len() != want_lse.len() {
         return Err(format!("request {b}: output rows of another shape than the reference's"));
+    }
+    if len == 0 && o.iter().any(|x| x.to_f64() != 0.0) {
+        return Err(format!("request {b} (no tokens): o is not 0"));
     }
     let err = rel_l2(o.iter().map(|x| x.to_f64()), want_o);
     if err.is_nan() || err > tol {
@@ -656,6 +710,19 @@ pub fn tolerances(kind: ElementKind) -> (f64, f64) {
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidProblem(msg.into())
+}
+
+/// The base seed of test `test`'s randomized sweep: `PAGED_DECODE_SEED`, or a fresh one from the
+/// clock, so that every run draws new inputs. Written to stderr directly (the test harness does
+/// not capture it), so that a failing run can be repeated.
+pub fn sweep_seed(test: &str) -> u64 {
+    let seed = std::env::var("PAGED_DECODE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        block_seed(now.as_nanos() as u64, u64::from(std::process::id()), 0)
+    });
+    let _ =
+        writeln!(std::io::stderr().lock(), "{test}: seed {seed} (PAGED_DECODE_SEED={seed} repeats this run)");
+    seed
 }
 
 /// The number in environment variable `name` (the GPU tests' sweep sizes, seeds and replay

@@ -1,5 +1,7 @@
 //! Opening the GPU for the GPU test suites (`tests/gpu.rs`, `tests/gpu_variants.rs`), with a
-//! visible skip line where a test cannot run.
+//! visible skip line where a test cannot run. With `PAGED_DECODE_REQUIRE_GPU=1` (which
+//! `scripts/gpu-verify` sets) a missing driver or GPU fails the test instead, so that a GPU run
+//! cannot pass by skipping every test.
 
 use std::io::Write;
 
@@ -17,10 +19,13 @@ pub fn fp8_device(test: &str) -> Option<Device> {
 }
 
 /// The device `open` returned, `None` and a skip line without a driver; a panic on any other
-/// failure.
+/// failure, and on a missing driver where [`gpu_required`].
 pub fn opened(test: &str, device: paged_decode::Result<Device>) -> Option<Device> {
     match device {
         Ok(d) => Some(d),
+        Err(Error::NoDevice) if gpu_required() => {
+            panic!("{test}: no CUDA driver or GPU, and PAGED_DECODE_REQUIRE_GPU=1 asks for one")
+        }
         Err(Error::NoDevice) => {
             skipped(test, "no CUDA driver or GPU on this machine");
             None
@@ -36,6 +41,12 @@ pub fn runs_fp8(dev: &Device, test: &str) -> bool {
         skipped(test, &format!("compute capability {}.{}: 8-bit caches need sm_90", cc.0, cc.1));
     }
     cc.0 >= 9
+}
+
+/// Whether `PAGED_DECODE_REQUIRE_GPU=1`: a run on a GPU machine, where no test may skip for want
+/// of a driver.
+pub fn gpu_required() -> bool {
+    std::env::var("PAGED_DECODE_REQUIRE_GPU").is_ok_and(|v| v == "1")
 }
 
 /// A skip line, written to the process's stderr directly so that the test harness does not
