@@ -619,10 +619,11 @@ fn decode_lean_scheduled() {
     }
 }
 
-/// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit.
+/// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit. Every
+/// path over f16 (1000 replays each), then, with fewer replays, stacked lean CTAs over bf16, the
+/// CUDA-core split kernel over f32 and the 8-bit caches' split, whole and lean entries.
 #[test]
 fn decode_deterministic_and_graph_replay() {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let Some(dev) = capture_device("decode_deterministic_and_graph_replay") else { return };
     let ragged =
         ProblemSpec { lens: vec![3000, 10, 0, 1200, 1], ..ProblemSpec::uniform(5, 0, 32, 8, 128, 16) };
@@ -635,6 +636,7 @@ fn decode_deterministic_and_graph_replay() {
         128,
         16,
     );
+    let replays: usize = problem::env_number("PAGED_DECODE_REPLAYS", 1000);
     for spec in [
         ProblemSpec::uniform(2, 3000, 32, 8, 128, 16),
         ProblemSpec::uniform(64, 700, 32, 8, 128, 16),
@@ -642,48 +644,62 @@ fn decode_deterministic_and_graph_replay() {
         ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
         tailed,
     ] {
-        let host = HostProblem::<f16>::random(&spec).unwrap();
-        let plan =
-            BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
-        let mut buf = DeviceProblem::upload(&dev.stream, &host, plan.workspace_size()).unwrap();
-        let (o1, l1) = run_decode(&dev, &plan, &mut buf);
-        check("eager run", &spec, &o1, &l1, &host.reference().unwrap());
-        let (o2, l2) = run_decode(&dev, &plan, &mut buf);
-        assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()));
-        assert!(l1.iter().zip(&l2).all(|(a, b)| a.to_bits() == b.to_bits()));
-
-        // Each captured run starts from NaN outputs, so that a replay that leaves a row unwritten
-        // fails instead of showing the row an earlier run wrote.
-        let poison = buf.output_poison(&dev.stream).unwrap();
-        dev.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        for _ in 0..4 {
-            buf.poison_outputs_from(&dev.stream, &poison).unwrap();
-            let (mut args, mut ws) = buf.args_and_workspace();
-            plan.run(&dev.stream, &mut ws, &mut args).unwrap();
-        }
-        let graph = dev.stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
-        let replays: usize = problem::env_number("PAGED_DECODE_REPLAYS", 1000);
-        for i in 0..replays {
-            graph.launch().unwrap();
-            if i % 250 == 249 || i + 1 == replays {
-                let o = dev.stream.clone_dtoh(&buf.o).unwrap();
-                let l = dev.stream.clone_dtoh(&buf.lse).unwrap();
-                assert!(
-                    o.iter().zip(&o1).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "graph replay {i} differs"
-                );
-                assert!(
-                    l.iter().zip(&l1).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "graph replay {i} lse differs"
-                );
-            }
-        }
-        println!(
-            "{} path, {} splits: eager ×2 and {replays} graph replays bit-identical",
-            plan.path(host.indices.len()).name(),
-            plan.config().num_splits
-        );
+        replay_case::<f16, f16>(&dev, &spec, replays);
     }
+    let few = replays.min(200);
+    replay_case::<bf16, bf16>(&dev, &ProblemSpec::uniform(1024, 16, 16, 4, 128, 16), few);
+    replay_case::<f32, f32>(&dev, &with_lens(vec![2500, 0, 1, 700], 16, 4, 64, 16), few);
+    if runs_fp8(&dev, "decode_deterministic_and_graph_replay (8-bit caches)") {
+        replay_case::<f16, F8E4M3>(&dev, &with_lens(vec![3000, 5, 0, 900], 16, 2, 256, 16), few);
+        replay_case::<bf16, F8E5M2>(&dev, &ProblemSpec::uniform(96, 300, 32, 8, 128, 16), few);
+        replay_case::<f16, F8E5M2>(&dev, &ProblemSpec::uniform(800, 40, 16, 4, 64, 16), few);
+    }
+}
+
+/// One problem of [`decode_deterministic_and_graph_replay`]: two eager runs, then `replays`
+/// replays of a graph of four runs, each on NaN-poisoned outputs, all bit-identical.
+fn replay_case<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, spec: &ProblemSpec, replays: usize) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let s = &dev.stream;
+    let host = HostProblem::<T, C>::random(spec).unwrap();
+    let plan = BatchPagedDecodePlan::<T, C>::select(s, &host.desc, PlanPreference::default()).unwrap();
+    let what = format!("{:?}/{:?} {} path", T::KIND, C::CACHE_KIND, plan.path(host.indices.len()).name());
+    let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+    let mut eager = || {
+        buf.poison_outputs(s).unwrap();
+        let (mut args, mut ws) = buf.args_and_workspace();
+        plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
+        (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap())
+    };
+    let (o1, l1) = eager();
+    check(&format!("{what}, eager run"), spec, &o1, &l1, &host.reference().unwrap());
+    let (o2, l2) = eager();
+    let same = |o: &[T], l: &[f32]| {
+        checksum(o) == checksum(&o1) && l.iter().map(|x| x.to_bits()).eq(l1.iter().map(|x| x.to_bits()))
+    };
+    assert!(same(&o2, &l2), "{what}: two eager runs differ");
+
+    // Each captured run starts from NaN outputs, so that a replay that leaves a row unwritten
+    // fails instead of showing the row an earlier run wrote.
+    let poison = buf.output_poison(s).unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    for _ in 0..4 {
+        buf.poison_outputs_from(s, &poison).unwrap();
+        let (mut args, mut ws) = buf.args_and_workspace();
+        plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
+    }
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().unwrap();
+    for i in 0..replays {
+        graph.launch().unwrap();
+        if i % 250 == 249 || i + 1 == replays {
+            let (o, l) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
+            assert!(same(&o, &l), "{what}: graph replay {i} differs");
+        }
+    }
+    println!(
+        "{what}, {} splits: eager ×2 and {replays} graph replays bit-identical",
+        plan.config().num_splits
+    );
 }
 
 /// A decode whose `q` is the output of the decode launched right before it, with and without
