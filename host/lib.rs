@@ -151,14 +151,15 @@
 //! # Features
 //!
 //! - `cli` (default): the `paged-decode` binary (the main job, `inspect`, `bench`, plots) and
-//!   the crates only it uses (clap, plotters, serde, serde_json). The library never needs it.
+//!   the crates only it uses (clap, plotters, rand, serde, serde_json). The library never needs
+//!   it.
 //! - Linking: the `default` features also load the CUDA driver at run time
 //!   (`fallback-dynamic-loading`) and bind CUDA 12.8 (`cuda-12080`). This crate forwards
 //!   cudarc's linking modes and CUDA versions under the same names; cudarc allows one of each
 //!   per build.
 //!
 //! A library depending on this crate sets `default-features = false`: it gets the library alone
-//! (cudarc, half, thiserror, libloading), and the final build picks cudarc's linking mode and
+//! (cudarc, half, float8, thiserror, libloading), and the final build picks cudarc's linking mode and
 //! CUDA version.
 
 #![warn(missing_docs)]

@@ -313,8 +313,9 @@ pub struct PlanPreference {
     pub programmatic_launch: bool,
     /// With [`Self::programmatic_launch`]: the caller's promise that lets the CTAs read the page
     /// table (and prefetch their first K/V tiles into L2) before waiting for the previous kernel.
-    /// On the H200 that takes 0.9 µs off a one-token launch (3.0 → 2.1 µs) and 2–3 µs off a
-    /// 125 µs one: the page lookups' dependent loads overlap that kernel's tail. See
+    /// On the H200 that takes about 0.5 µs off a one-token launch (2.46 → 1.96 µs, against the
+    /// default launch's guessing entries) and 2–3 µs off a 125 µs one: the page lookups'
+    /// dependent loads overlap that kernel's tail. See
     /// [`StablePageTable`]. `None` (the default): every read waits.
     pub stable_page_table: Option<StablePageTable>,
     /// Chunks per request at equal lengths (`1..=MAX_SPLITS`) instead of the plan's rule, which
@@ -326,9 +327,12 @@ pub struct PlanPreference {
     /// worth to batches of more than one wave, so that a long request does not set the time;
     /// `Some(0)` saves their cost (up to a few percent) on batches known to be uniform.
     pub spare_chunks: Option<u32>,
-    /// Short requests: `run` launches the lean kernel (four CTAs per SM, whole requests) when the
-    /// page table holds at most this many tokens per request (`indices.len() × page_size /
-    /// batch`) and the batch fills more than a wave; `None` takes the plan's bound
+    /// Short requests: `run` launches the lean kernel (four CTAs per SM) when the page table holds
+    /// at most this many tokens per request (`indices.len() × page_size / batch`) and either the
+    /// batch's lean CTAs fill more than a wave or the table holds at most one lean tile per
+    /// request; over four lean waves or more it may run the lean kernel over a scheduled
+    /// partition, which cuts long requests (see [`crate::plan::DecodeConfig::path`]). `None`
+    /// takes the plan's bound
     /// ([`crate::plan::LEAN_MAX_AVG_TOKENS`]), `Some(0)` turns the lean kernel off. For tuning.
     pub lean_max_avg_tokens: Option<u32>,
     /// Very short requests on the lean kernel: at most this many KV heads of a request per CTA

@@ -30,7 +30,8 @@ const MAX_GRID_Y: u32 = 65535;
 /// Fraction of the last wave of CTAs that must be busy before splitting stops.
 const WAVE_EFFICIENCY: f64 = 0.85;
 /// Default bound of [`PlanPreference::lean_max_avg_tokens`]: page tables holding at most this
-/// many tokens per request run the lean kernel when the batch fills more than a wave.
+/// many tokens per request run the lean kernel when the batch fills more than a wave, or when
+/// they hold at most one lean tile per request ([`DecodeConfig::path`]).
 pub const LEAN_MAX_AVG_TOKENS: u32 = 256;
 /// Tokens a lean CTA that stacks KV heads may carry at the batch's average length (KV heads ×
 /// tokens per request): as many as one lean CTA of the longest average the lean rule allows.

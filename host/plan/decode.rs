@@ -619,7 +619,9 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         }
     }
 
-    /// Launches the decode on `stream`: one kernel launch. Never allocates or synchronizes
+    /// Launches the decode on `stream`: one decode kernel, after the one-CTA schedule kernel on
+    /// the scheduled paths ([`DecodePath::Scheduled`], [`DecodePath::LeanScheduled`]). Never
+    /// allocates or synchronizes
     /// (graph-capturable), except with [`PlanPreference::checked`], which first validates the
     /// page table on the device and waits for the verdict.
     ///

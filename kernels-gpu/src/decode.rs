@@ -33,8 +33,9 @@
 //!   the block's head. So one CTA carries several (request, KV head) pairs through one pipeline
 //!   and pays its start-up and epilogue once, and a 16-token request fills its tiles. The
 //!   16-bit lean entries have the stack count as a constant (one entry per count, `STACK`).
-//! - K/V tiles of 16 KB each (8192 / D tokens; 8 KB of 8-bit codes) stream global → shared through a 3-stage
-//!   `cp.async` pipeline under an L2 evict-first policy (each byte is read once); page ids of
+//! - K/V tiles stream global → shared through a `cp.async` pipeline under an L2 evict-first
+//!   policy: the standard tiling's of 16 KB (8192 / D tokens) in 3 stages (8-bit codes: 8 KB
+//!   in 4 stages), the lean tiling's of 8 KB (4096 / D tokens; 8-bit: 4 KB) in 3 stages (each byte is read once); page ids of
 //!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
 //!   (`KvPipeline`); those of the first tiles are all loaded before any is resolved (but in the
 //!   8-bit cache's unguessed entries), so that their loads are one round trip.
@@ -436,8 +437,8 @@ impl Confirmation {
     }
 }
 
-/// Tensor-core decode for 16-bit elements: one CTA per (chunk, KV head, head block), see the
-/// [module docs](self).
+/// Tensor-core decode over a 16-bit or 8-bit K/V cache: one CTA per (chunk, KV head, head
+/// block), see the [module docs](self).
 ///
 /// # Safety
 /// `p` satisfies the [safety model](crate#safety-model) of `decode_*`; launched with

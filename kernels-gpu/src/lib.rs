@@ -19,8 +19,10 @@
 //! values but no access outside the tensors.
 //!
 //! What each kernel may touch:
-//! - `decode_*`: reads `q`, the K/V store, `indptr[..=batch]`, `last_page_len[..batch]` and
-//!   `indices[..num_indices]`; writes the `o` and `lse` rows of its (request, head block).
+//! - `decode_*`: reads `q`, the K/V store, `indptr[..=batch]`, `last_page_len[..batch]`,
+//!   `indices[..num_indices]`, `sinks` (when not 0) and, on the scheduled paths, the item map
+//!   (`item_map`, when not 0, whose entries are clamped like the table's); writes the `o` and
+//!   `lse` rows of its (request, head block).
 //!   In bounds because the request, KV head and head block come from the grid (`< batch`,
 //!   `< num_kv_heads`, query heads `< num_qo_heads`; with stacked KV heads the grid's y is
 //!   `num_kv_heads >> stack_shift`, which the host makes exact), `indptr` values are clamped into
@@ -37,6 +39,9 @@
 //!   row of each store, and only after checking `0 ≤ indptr[b] < indptr[b + 1] ≤ num_indices`,
 //!   `last_page_len[b] ∈ [1, page_size]` and the page id in `[0, num_total_pages)`; otherwise
 //!   it writes nothing.
+//! - `schedule_chunks`: reads `indptr[..=batch]` and `last_page_len[..batch]` (clamped as in
+//!   `decode_*`); writes the item map's header and at most `num_chunks` item pairs
+//!   (`item_map_bytes(num_chunks)` bytes of the workspace at `item_map`).
 //! - `check_page_table`: reads `indptr[b]`, `indptr[b + 1]` and `last_page_len[b]` for
 //!   `b < batch`, and `indices` only inside `[indptr[b], indptr[b + 1])` after checking
 //!   `0 ≤ indptr[b] ≤ indptr[b + 1] ≤ num_indices`; writes the one-word `status` (atomically)
@@ -354,12 +359,14 @@ append_entry!(append_f32, f32);
 append_entry!(append_u8, u8);
 
 /// # Safety
-/// See [`check::check_page_table`].
+/// See [`schedule::schedule_chunks`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn schedule_chunks(p: DecodeParams) {
     unsafe { schedule::schedule_chunks(&p) }
 }
 
+/// # Safety
+/// See [`check::check_page_table`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn check_page_table(p: PageTableCheckParams) {
     unsafe { check::check_page_table(&p) }

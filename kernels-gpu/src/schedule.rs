@@ -2,8 +2,9 @@
 //!
 //! [`crate::partition`] lets every CTA derive the length-aware partition from the page table on
 //! its own: no extra launch, but each CTA reads the whole page table, so a launch costs
-//! `O(CTAs × batch)`. Past [`crate::params::PARTITION_CACHED_BATCH`] requests the host launches
-//! this kernel first instead: it computes the same partition (same bounds, same bisection, same
+//! `O(CTAs × batch)`. Past [`crate::params::PARTITION_CACHED_BATCH`] requests (past 64 for a
+//! partition of spare chunks alone: the host's `DecodeConfig::partitions_in_every_cta`) the
+//! host launches this kernel first instead: it computes the same partition (same bounds, same bisection, same
 //! chunk counts; the items in another order) and writes an item map to the workspace, from which
 //! each decode CTA reads its item in `O(1)` ([`crate::partition::mapped_chunk`]).
 //!
@@ -115,6 +116,12 @@ fn block_exclusive_scan_u64(v: u64, slot: u32) -> u64 {
 }
 
 /// Writes the item map of the length-aware partition of `p`'s requests into `p.item_map`.
+///
+/// # Safety
+/// `p` satisfies the [safety model](crate#safety-model) of `decode_*` and `p.item_map` holds
+/// [`item_map_bytes`](crate::params::item_map_bytes)`(p.num_chunks)` bytes that no other work
+/// uses while the kernel runs; launched as one CTA of [`SCHEDULE_THREADS`] threads with
+/// [`SCHEDULE_SMEM_BYTES`](crate::params::SCHEDULE_SMEM_BYTES) bytes of dynamic shared memory.
 #[inline(always)]
 pub unsafe fn schedule_chunks(p: &DecodeParams) {
     allow_dependent_launch();
