@@ -1730,7 +1730,8 @@ fn prepare_fp8(i: usize, spec: &ProblemSpec) -> PreparedFp8 {
 /// 1-token and full-last-page requests, permuted pages (the slots no request reads hold NaN
 /// codes) and every split path, against the float64
 /// reference over the dequantized cache (f16 q ≤ 1e-3, bf16 q ≤ 8e-3, lse ≤ 1e-3), plus the edge
-/// cases of one long request among short ones and a batch of 16384.
+/// cases of one long request among short ones, batches of 16384 (one ragged with a heavy tail)
+/// and 65536 short requests.
 #[test]
 fn fp8_decode_random_sweep() {
     let test = "fp8_decode_random_sweep";
@@ -1743,6 +1744,16 @@ fn fp8_decode_random_sweep() {
         with_lens((0..16384).map(|i| i % 37).collect(), 8, 1, 64, 16),
         with_lens(vec![1, 1, 0], 64, 1, 256, 1),
         ProblemSpec::uniform(1, 20000, 64, 8, 128, 16),
+        // The 16-bit edge cases' largest batches: 65536 short requests (the lean kernel) and a
+        // ragged 16384 with a heavy tail.
+        with_lens((0..65536).map(|i| (i * 7) % 61).collect(), 4, 1, 128, 16),
+        with_lens(
+            (0..16384usize).map(|i| if i % 997 == 3 { 9000 + i % 1500 } else { (i * 13) % 300 }).collect(),
+            8,
+            2,
+            128,
+            16,
+        ),
     ];
     let (tx, rx) = mpsc::sync_channel::<(usize, ProblemSpec, PreparedFp8)>(workers * 2);
     let mut worst = [0f64; 4];
