@@ -126,3 +126,23 @@ fn poisoned_slots_are_not_read_by_the_reference() {
     poisoned_slots_are_unread::<f16>();
     poisoned_slots_are_unread::<F8E4M3>();
 }
+
+/// The reference of an 8-bit store under a variant or the NHD layout (the bench's `--check` of
+/// such rows) dequantizes as the plain 8-bit reference does: with a window longer than every
+/// request, which changes nothing, the two agree.
+#[test]
+fn fp8_reference_under_a_variant_matches_the_plain_one() {
+    use paged_decode::reference::AttentionVariant;
+    let spec = ProblemSpec { lens: vec![70, 1, 33], seed: 5, ..ProblemSpec::uniform(1, 0, 8, 2, 128, 16) };
+    let host = HostProblem::<f16, F8E4M3>::random(&spec).unwrap();
+    let wide = AttentionVariant { window_left: Some(1 << 20), ..Default::default() };
+    for b in 0..spec.batch() {
+        let plain = host.reference_request(b).unwrap();
+        let windowed = host.reference_request_variant(b, wide, paged_decode::KvLayout::Hnd).unwrap();
+        let err = problem::rel_l2(windowed.o.iter().copied(), &plain.o);
+        assert!(err < 1e-6, "request {b}: rel err {err:.1e}");
+        assert!(plain.lse.iter().zip(&windowed.lse).all(|(a, b)| (a - b).abs() < 1e-6));
+        let nhd = host.reference_request_variant(b, Default::default(), paged_decode::KvLayout::Nhd).unwrap();
+        assert!(nhd.o.iter().all(|x| x.is_finite()) && nhd.lse.iter().all(|x| x.is_finite()));
+    }
+}

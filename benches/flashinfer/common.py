@@ -127,6 +127,8 @@ class Problem:
         """Largest relative L2 error of `out` over the first `requests` requests."""
         errs = []
         for b in range(min(len(self.lens), requests)):
+            if self.lens[b] == 0:  # no reference row to compare with
+                continue
             ref = self.reference(b)
             errs.append(((out[b].double() - ref).norm() / ref.norm()).item())
-        return max(errs)
+        return max(errs) if errs else 0.0

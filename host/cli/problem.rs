@@ -419,7 +419,6 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         variant: paged_decode::reference::AttentionVariant<'_>,
         layout: KvLayout,
     ) -> Result<paged_decode::reference::DecodeOutput> {
-        use paged_decode::reference::KvView;
         let outside = || invalid(format!("request {b} lies outside this problem"));
         let at = |i: usize| self.indptr.get(i).and_then(|&v| usize::try_from(v).ok());
         let (start, stop) = (at(b).ok_or_else(outside)?, at(b + 1).ok_or_else(outside)?);
@@ -432,17 +431,37 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         let last = [*self.last_page_len.get(b).ok_or_else(outside)?];
         let table = PageTable { indptr: &indptr, indices, last_page_len: &last };
         if C::CACHE_KIND.fp8_layout().is_some() {
-            if variant != Default::default() || layout != KvLayout::Hnd {
-                return Err(invalid("8-bit caches: the reference takes plain attention over HND stores"));
+            if variant == Default::default() && layout == KvLayout::Hnd {
+                return self.reference_of(&desc, q, table);
             }
-            return self.reference_of(&desc, q, table);
+            // A variant or another layout over 8-bit codes: the codes' values (scale × code, in
+            // f32, within 6e-8 of the float64 values) under f32 queries (exact), over f32 stores.
+            let values =
+                |data: &[C], scale: f32| data.iter().map(|&c| c.value(scale) as f32).collect::<Vec<_>>();
+            let (k, v) =
+                (values(&self.k_data, self.scales.k_scale), values(&self.v_data, self.scales.v_scale));
+            let q: Vec<f32> = q.iter().map(|x| x.to_f64() as f32).collect();
+            let kv = PagedKvCacheDescriptor { element: ElementKind::F32, ..desc.paged_kv };
+            let desc = BatchPagedDecodeDescriptor { paged_kv: kv, ..desc };
+            return paged_decode::reference::decode_strided(
+                &desc,
+                variant,
+                &q,
+                kv_view(&k, &kv, layout),
+                kv_view(&v, &kv, layout),
+                table,
+            );
         }
         let (k, v) = self.store_of_q_type()?;
-        let view = |data| match layout {
-            KvLayout::Nhd => KvView::nhd(data, &self.desc.paged_kv),
-            _ => KvView::hnd(data, &self.desc.paged_kv),
-        };
-        paged_decode::reference::decode_strided(&desc, variant, q, view(k), view(v), table)
+        let kv = self.desc.paged_kv;
+        paged_decode::reference::decode_strided(
+            &desc,
+            variant,
+            q,
+            kv_view(k, &kv, layout),
+            kv_view(v, &kv, layout),
+            table,
+        )
     }
 
     /// Float64 reference output of every request.
@@ -477,6 +496,19 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
             (Some(k), Some(v)) => Ok((k, v)),
             _ => Err(invalid(format!("a {:?} store under {:?} queries", C::CACHE_KIND, T::KIND))),
         }
+    }
+}
+
+/// A contiguous store of `kv`'s geometry viewed as `layout` (HND or NHD).
+fn kv_view<'a, E: Element>(
+    data: &'a [E],
+    kv: &PagedKvCacheDescriptor,
+    layout: KvLayout,
+) -> paged_decode::reference::KvView<'a, E> {
+    use paged_decode::reference::KvView;
+    match layout {
+        KvLayout::Nhd => KvView::nhd(data, kv),
+        _ => KvView::hnd(data, kv),
     }
 }
 
