@@ -619,9 +619,10 @@ fn decode_lean_scheduled() {
     }
 }
 
-/// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit. Every
-/// path over f16 (1000 replays each), then, with fewer replays, stacked lean CTAs over bf16, the
-/// CUDA-core split kernel over f32 and the 8-bit caches' split, whole and lean entries.
+/// Same input twice ⇒ bit-identical output; graph replays equal eager runs bit for bit. Over f16
+/// (1000 replays each) split, lean-scheduled, scheduled, whole and lean problems; then, with
+/// fewer replays, stacked lean CTAs over bf16, the CUDA-core split kernel over f32 and 8-bit
+/// caches on the split, scheduled, lean and whole paths (each case prints the path it took).
 #[test]
 fn decode_deterministic_and_graph_replay() {
     let Some(dev) = capture_device("decode_deterministic_and_graph_replay") else { return };
@@ -643,6 +644,9 @@ fn decode_deterministic_and_graph_replay() {
         ragged,
         ProblemSpec::uniform(1, 3000, 32, 8, 128, 16),
         tailed,
+        ProblemSpec::uniform(96, 300, 32, 8, 128, 16),
+        ProblemSpec::uniform(32, 1000, 32, 8, 128, 16),
+        ProblemSpec::uniform(16, 16, 32, 8, 128, 16),
     ] {
         replay_case::<f16, f16>(&dev, &spec, replays);
     }
@@ -653,6 +657,8 @@ fn decode_deterministic_and_graph_replay() {
         replay_case::<f16, F8E4M3>(&dev, &with_lens(vec![3000, 5, 0, 900], 16, 2, 256, 16), few);
         replay_case::<bf16, F8E5M2>(&dev, &ProblemSpec::uniform(96, 300, 32, 8, 128, 16), few);
         replay_case::<f16, F8E5M2>(&dev, &ProblemSpec::uniform(800, 40, 16, 4, 64, 16), few);
+        // A page table of at most two tiles: whole whatever the residency.
+        replay_case::<bf16, F8E4M3>(&dev, &ProblemSpec::uniform(1, 100, 32, 8, 128, 16), few);
     }
 }
 
@@ -738,7 +744,7 @@ fn chained_decodes_see_the_previous_kernels_output() {
         let second =
             HostProblem::<f16>::random(&ProblemSpec { seed: spec.seed + 1, ..spec.clone() }).unwrap();
         // SAFETY: the kernel before each decode of the chain is the other decode, which writes
-        // only its `o`, `lse` and workspace, or a memset of an `o`.
+        // only its `o`, `lse` and workspace, or a copy of NaN over an `o` or `lse`.
         let stable = unsafe { StablePageTable::promise() };
         for (programmatic_launch, stable_page_table) in [(false, None), (true, None), (true, Some(stable))] {
             let pref = PlanPreference { programmatic_launch, stable_page_table, ..PlanPreference::default() };
@@ -1929,7 +1935,8 @@ fn fp8_append_quantizes_bit_exactly() {
 }
 
 /// 8-bit caches with sliding windows (none of the tokens, fewer and more than the requests hold)
-/// and attention sinks (some `-inf`), f16 q over E4M3 and bf16 q over E5M2, on the plan's path
+/// and attention sinks (some `-inf`), every pairing of f16 / bf16 q and E4M3 / E5M2 codes (two
+/// per case in turn), on the plan's path
 /// and with four splits forced (a split four ways where the plan splits at all), against the float64 reference of the variant over the dequantized cache
 /// (its values rounded to f32, within 1e-7). The cases reach the split and whole entries, the
 /// lean ones (one KV head per CTA and stacked), the guessing lean entry and the scheduled

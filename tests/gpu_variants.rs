@@ -469,7 +469,8 @@ fn decode_variant_edge_cases() {
     println!("decode_variant_edge_cases: passed on paths {paths:?}");
 }
 
-/// 8-bit caches (f16 q over E4M3, bf16 q over E5M2) in every layout, with and without a window
+/// 8-bit caches (every pairing of f16 / bf16 q and E4M3 / E5M2 codes, two per case in turn) in
+/// every layout, with and without a window
 /// and sinks, on the split, whole, lean (one KV head per CTA and stacked) and scheduled paths,
 /// against the float64 reference over the same layout of the dequantized values (rounded to
 /// f32, within 1e-7).
@@ -497,8 +498,9 @@ fn fp8_decode_in_every_layout() {
         for (i, layout) in LAYOUTS.into_iter().enumerate() {
             let window_left = [None, Some(63)][(c + i) % 2];
             let sinks = (c + i) % 3 == 0;
-            // Every pairing of q type and code format, two per layout in turn.
-            let (a, b) = if (c + i) % 2 == 0 {
+            // Every pairing of q type and code format, two per case in turn (the window
+            // alternates over the layouts, so each pairing runs with and without one).
+            let (a, b) = if c % 2 == 0 {
                 (
                     fp8_layout_case::<f16, F8E4M3>(&dev, name, &spec, layout, window_left, sinks, *pref),
                     fp8_layout_case::<bf16, F8E5M2>(&dev, name, &spec, layout, window_left, sinks, *pref),
