@@ -8,6 +8,11 @@ Shape table: a JSON list of {"name", "batch", "kv_len" | "lens": [...], "hq", "h
 "dtype"; scales 1), "layout": "HND" (default) | "NHD", "soft_cap": float (logits -> cap *
 tanh(logits / cap)), "window_left": int (attend to the last window_left + 1 tokens; -1 = all).
 "batch" may be left out when "lens" is given.
+
+PAGED_DECODE_SEPARATED=1 (as `paged-decode bench --separated`): each timed call is preceded by a
+SEPARATOR_BYTES device-to-device copy (a memcpy node in the graph, which no launch overlaps), and
+a graph of the copies alone is timed and subtracted, so that each call follows an unrelated
+operation instead of the call before it.
 """
 import json
 import math
@@ -20,6 +25,7 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 KV_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 CALLS_PER_GRAPH = 20
 REPLAYS = 15
+SEPARATOR_BYTES = 1 << 20
 
 
 def save_rows(rows, path):
@@ -44,7 +50,22 @@ def load_shapes(path):
 
 
 def graph_time_us(fn):
-    """Microseconds per call of `fn`: CALLS_PER_GRAPH calls in one CUDA graph, median of REPLAYS."""
+    """Microseconds per call of `fn`: CALLS_PER_GRAPH calls in one CUDA graph, median of REPLAYS;
+    with PAGED_DECODE_SEPARATED=1, each call after a copy, less the copies' own time."""
+    if os.environ.get("PAGED_DECODE_SEPARATED") == "1":
+        src = torch.zeros(SEPARATOR_BYTES, dtype=torch.uint8, device=DEV)
+        dst = torch.empty_like(src)
+        copy = lambda: dst.copy_(src)  # contiguous, same type: one cudaMemcpyAsync
+
+        def separated():
+            copy()
+            fn()
+
+        return _graph_time_us(separated) - _graph_time_us(copy)
+    return _graph_time_us(fn)
+
+
+def _graph_time_us(fn):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up outside the graph (JIT, allocations)

@@ -165,7 +165,34 @@ pub struct BenchOptions {
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
+    /// Each timed call after a device-to-device copy instead of after the call before
+    /// ([`GraphTiming::separated`]).
+    pub separated: bool,
 }
+
+/// How [`time_plan`] times: `calls` runs captured in one CUDA graph, the median of `replays`
+/// replays, each run after the one before or after a copy.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphTiming {
+    /// Runs per graph.
+    pub calls: usize,
+    /// Timed replays (after three untimed ones).
+    pub replays: usize,
+    /// Each run preceded by a [`SEPARATOR_BYTES`] device-to-device copy, whose own time (a graph
+    /// of the copies alone) is subtracted. A copy is a graph node that no kernel launch
+    /// overlaps, so each run starts as it would after an unrelated operation, without the
+    /// programmatic overlap with the run before it that a graph of back-to-back runs gives.
+    pub separated: bool,
+}
+
+impl GraphTiming {
+    /// 20 back-to-back runs per graph, the median of 15 replays: FlashInfer's harness's method.
+    pub const BACK_TO_BACK: GraphTiming = GraphTiming { calls: 20, replays: 15, separated: false };
+}
+
+/// Bytes of the copy before each run of a [`GraphTiming::separated`] timing (FlashInfer's
+/// harness copies as many, `benches/flashinfer/common.py`).
+pub const SEPARATOR_BYTES: usize = 1 << 20;
 
 /// Median time of one call.
 #[derive(Debug, Clone, Copy)]
@@ -174,28 +201,44 @@ pub struct Timing {
     pub us: f64,
 }
 
-/// Times `plan` on `dev`: `calls` runs captured in one CUDA graph, median of `replays` replays.
+/// Times `plan` on `dev` as `timing` says; the time of one run.
 ///
 /// Capture needs a device opened with [`Device::open_untracked`]; with event tracking on, the
 /// plan refuses the captured runs (`Error::CaptureWithTracking`) and this returns that error.
-/// The graph is dropped before this returns, so the buffers it captured outlive it.
+/// The graphs are dropped before this returns, so the buffers they captured outlive them.
 pub fn time_plan<T: Element, C: ProblemCache>(
     device: &Device,
     plan: &BatchPagedDecodePlan<T, C>,
     dev: &mut DeviceProblem<T, C>,
     scales: paged_decode::KvScales,
-    calls: usize,
-    replays: usize,
+    timing: GraphTiming,
 ) -> Result<Timing> {
     let stream = &device.stream;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (|| {
-        for _ in 0..calls {
-            let (mut args, mut ws) = dev.args_and_workspace();
-            plan.run_scaled(stream, &mut ws, &mut args, scales)?;
+    let mut separator = if timing.separated {
+        Some((stream.alloc_zeros::<u8>(SEPARATOR_BYTES)?, stream.alloc_zeros::<u8>(SEPARATOR_BYTES)?))
+    } else {
+        None
+    };
+    let with_runs = time_graph(device, timing, || {
+        if let Some((src, dst)) = separator.as_mut() {
+            stream.memcpy_dtod(src, dst)?;
         }
-        Ok::<(), Error>(())
-    })();
+        let (mut args, mut ws) = dev.args_and_workspace();
+        plan.run_scaled(stream, &mut ws, &mut args, scales)
+    })?;
+    let copies = match separator.as_mut() {
+        Some((src, dst)) => time_graph(device, timing, || Ok(stream.memcpy_dtod(src, dst)?))?,
+        None => 0.0,
+    };
+    Ok(Timing { us: with_runs - copies })
+}
+
+/// Microseconds per call of `call`: `timing.calls` calls captured in one CUDA graph, the median
+/// of `timing.replays` replays.
+fn time_graph(device: &Device, timing: GraphTiming, mut call: impl FnMut() -> Result<()>) -> Result<f64> {
+    let stream = &device.stream;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (0..timing.calls).try_for_each(|_| call());
     let graph = stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     captured?;
     let graph = graph?.ok_or_else(|| Error::InvalidProblem("graph capture recorded nothing".into()))?;
@@ -205,15 +248,15 @@ pub fn time_plan<T: Element, C: ProblemCache>(
     }
     let start = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let stop = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    let mut samples = Vec::with_capacity(replays);
-    for _ in 0..replays {
+    let mut samples = Vec::with_capacity(timing.replays);
+    for _ in 0..timing.replays {
         start.record(stream)?;
         graph.launch()?;
         stop.record(stream)?;
         stop.synchronize()?;
-        samples.push(start.elapsed_ms(&stop)? as f64 * 1e3 / calls as f64);
+        samples.push(start.elapsed_ms(&stop)? as f64 * 1e3 / timing.calls as f64);
     }
-    Ok(Timing { us: median(&mut samples) })
+    Ok(median(&mut samples))
 }
 
 /// Back-to-back launches of the read kernel in each sample of [`read_ceiling`]: the launch
@@ -271,16 +314,17 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Benchmarks one shape with q and o of `T` and K/V of `C`.
+/// Benchmarks one shape with q and o of `T` and K/V of `C`, as `opts` says (its check, page-table
+/// slack and timing).
 pub fn bench_shape<T: Element, C: ProblemCache>(
     device: &Device,
     shape: &Shape,
     ceiling: f64,
-    check: bool,
+    opts: &BenchOptions,
     pref: PlanPreference,
-    indices_slack: usize,
 ) -> Result<BenchRow> {
-    let spec = ProblemSpec { indices_slack, ..shape.spec()? };
+    let (check, separated) = (opts.check, opts.separated);
+    let spec = ProblemSpec { indices_slack: opts.indices_slack, ..shape.spec()? };
     let host = HostProblem::<T, C>::random(&spec)?;
     let (variant, layout) = (shape.variant(), shape.kv_layout()?);
     let plan = BatchPagedDecodePlan::<T, C>::select_variant(&device.stream, &host.desc, &variant, pref)?;
@@ -313,7 +357,8 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     } else {
         None
     };
-    let t = time_plan(device, &plan, &mut dev, host.scales, 20, 15)?;
+    let timing = GraphTiming { separated, ..GraphTiming::BACK_TO_BACK };
+    let t = time_plan(device, &plan, &mut dev, host.scales, timing)?;
     let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND, variant.window_left) as f64 / (t.us * 1e-6) / 1e12;
     Ok(BenchRow {
         name: shape.name.clone(),
@@ -436,15 +481,14 @@ fn bench_row(
     opts: &BenchOptions,
     pref: PlanPreference,
 ) -> std::result::Result<BenchRow, Box<dyn std::error::Error>> {
-    let (check, slack) = (opts.check, opts.indices_slack);
     Ok(match (shape.dtype.as_str(), shape.kv_dtype.as_deref()) {
-        ("f16", None) => bench_shape::<f16, f16>(device, shape, ceiling, check, pref, slack)?,
-        ("bf16", None) => bench_shape::<bf16, bf16>(device, shape, ceiling, check, pref, slack)?,
-        ("f32", None) => bench_shape::<f32, f32>(device, shape, ceiling, check, pref, slack)?,
-        ("f16", Some("e4m3")) => bench_shape::<f16, F8E4M3>(device, shape, ceiling, check, pref, slack)?,
-        ("bf16", Some("e4m3")) => bench_shape::<bf16, F8E4M3>(device, shape, ceiling, check, pref, slack)?,
-        ("f16", Some("e5m2")) => bench_shape::<f16, F8E5M2>(device, shape, ceiling, check, pref, slack)?,
-        ("bf16", Some("e5m2")) => bench_shape::<bf16, F8E5M2>(device, shape, ceiling, check, pref, slack)?,
+        ("f16", None) => bench_shape::<f16, f16>(device, shape, ceiling, opts, pref)?,
+        ("bf16", None) => bench_shape::<bf16, bf16>(device, shape, ceiling, opts, pref)?,
+        ("f32", None) => bench_shape::<f32, f32>(device, shape, ceiling, opts, pref)?,
+        ("f16", Some("e4m3")) => bench_shape::<f16, F8E4M3>(device, shape, ceiling, opts, pref)?,
+        ("bf16", Some("e4m3")) => bench_shape::<bf16, F8E4M3>(device, shape, ceiling, opts, pref)?,
+        ("f16", Some("e5m2")) => bench_shape::<f16, F8E5M2>(device, shape, ceiling, opts, pref)?,
+        ("bf16", Some("e5m2")) => bench_shape::<bf16, F8E5M2>(device, shape, ceiling, opts, pref)?,
         (q, kv) => return Err(format!("unsupported dtype {q} with kv_dtype {kv:?}").into()),
     })
 }

@@ -109,6 +109,11 @@ enum Command {
         /// Spare chunks of the lean kernel's scheduled partition (0: whole requests; tuning).
         #[arg(long)]
         lean_spare: Option<u32>,
+        /// Precede each timed call by a 1 MiB device-to-device copy (a graph node no launch
+        /// overlaps), and subtract the copies' own time: each decode then follows an unrelated
+        /// operation, not the decode before it (FlashInfer's harness: PAGED_DECODE_SEPARATED=1).
+        #[arg(long)]
+        separated: bool,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -167,6 +172,7 @@ fn main() -> ExitCode {
             stack,
             guess_ctas,
             lean_spare,
+            separated,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -181,6 +187,7 @@ fn main() -> ExitCode {
             max_stacked_kv_heads: stack,
             guess_max_ctas: guess_ctas,
             lean_spare_chunks: lean_spare,
+            separated,
         }),
     };
     match result {
@@ -238,7 +245,7 @@ fn main_job(batch: usize, kv_len: usize) -> Result<(), Box<dyn std::error::Error
     }
     println!("checked requests {sample:?} against the CPU reference: max rel err {worst:.2e}");
 
-    let timing = bench::time_plan(&device, &plan, &mut dev, host.scales, 20, 15)?;
+    let timing = bench::time_plan(&device, &plan, &mut dev, host.scales, bench::GraphTiming::BACK_TO_BACK)?;
     let bytes = spec.kv_bytes(f16::KIND) as f64;
     println!(
         "decode b{batch} L{kv_len} 32/8 d128 p16 f16: {:.1} µs per call ({} splits), {:.2} TB/s",
