@@ -1749,7 +1749,7 @@ fn fp8_decode_random_sweep() {
         with_lens(vec![0, 1, 30000, 0, 5, 17, 2], 32, 8, 128, 16),
         with_lens((0..16384).map(|i| i % 37).collect(), 8, 1, 64, 16),
         with_lens(vec![1, 1, 0], 64, 1, 256, 1),
-        // A group past 64 (three head blocks), as the 16-bit suite's "group 65".
+        // A group past 64 (two head blocks at head_dim 64), as the 16-bit suite's "group 65".
         with_lens(vec![200, 1, 0, 77], 65, 1, 64, 8),
         ProblemSpec::uniform(1, 20000, 64, 8, 128, 16),
         // The 16-bit edge cases' largest batches: 65536 short requests (the lean kernel) and a
