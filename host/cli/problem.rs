@@ -431,26 +431,47 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         let last = [*self.last_page_len.get(b).ok_or_else(outside)?];
         let table = PageTable { indptr: &indptr, indices, last_page_len: &last };
         if C::CACHE_KIND.fp8_layout().is_some() {
+            // The request's own pages, renumbered from 0 (a page's elements are contiguous in HND
+            // and NHD alike), so that no more of the store is converted than the request reads.
+            let kv = &desc.paged_kv;
+            let page =
+                [kv.num_kv_heads, kv.page_size, kv.head_dim].iter().map(|&x| x.max(0) as usize).product();
+            let pages = indices.len().max(1);
+            let gather = |data: &[C]| -> Result<Vec<C>> {
+                let mut out = Vec::with_capacity(pages * page);
+                for &id in indices {
+                    let first = usize::try_from(id).map_err(|_| outside())?.saturating_mul(page);
+                    out.extend_from_slice(data.get(first..first.saturating_add(page)).ok_or_else(outside)?);
+                }
+                out.resize(pages * page, C::store(0.0, 1.0)); // an empty request: one page of zeros
+                Ok(out)
+            };
+            let (k, v) = (gather(&self.k_data)?, gather(&self.v_data)?);
+            let renumbered: Vec<i32> = (0..indices.len() as i32).collect();
+            let table = PageTable { indices: &renumbered, ..table };
+            let kv = PagedKvCacheDescriptor { num_total_pages: pages as i32, ..*kv };
+            let desc = BatchPagedDecodeDescriptor { paged_kv: kv, ..desc };
             if variant == Default::default() && layout == KvLayout::Hnd {
-                return self.reference_of(&desc, q, table);
+                let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
+                return paged_decode::reference::decode_fp8(
+                    &desc,
+                    q,
+                    &codes(&k),
+                    &codes(&v),
+                    self.scales,
+                    table,
+                );
             }
-            // A variant or another layout over 8-bit codes: the codes' values (scale × code, in
-            // f32, within 6e-8 of the float64 values) under f32 queries (exact), over f32 stores.
+            // A variant or another layout: the codes' values (scale × code, in f32, within 6e-8
+            // of the float64 values) under f32 queries (exact), over f32 stores.
             let values =
                 |data: &[C], scale: f32| data.iter().map(|&c| c.value(scale) as f32).collect::<Vec<_>>();
-            let (k, v) =
-                (values(&self.k_data, self.scales.k_scale), values(&self.v_data, self.scales.v_scale));
+            let (k, v) = (values(&k, self.scales.k_scale), values(&v, self.scales.v_scale));
             let q: Vec<f32> = q.iter().map(|x| x.to_f64() as f32).collect();
-            let kv = PagedKvCacheDescriptor { element: ElementKind::F32, ..desc.paged_kv };
+            let kv = PagedKvCacheDescriptor { element: ElementKind::F32, ..kv };
             let desc = BatchPagedDecodeDescriptor { paged_kv: kv, ..desc };
-            return paged_decode::reference::decode_strided(
-                &desc,
-                variant,
-                &q,
-                kv_view(&k, &kv, layout),
-                kv_view(&v, &kv, layout),
-                table,
-            );
+            let (k, v) = (kv_view(&k, &kv, layout), kv_view(&v, &kv, layout));
+            return paged_decode::reference::decode_strided(&desc, variant, &q, k, v, table);
         }
         let (k, v) = self.store_of_q_type()?;
         let kv = self.desc.paged_kv;
