@@ -1763,11 +1763,12 @@ fn fp8_decode_random_sweep() {
             16,
         ),
     ];
-    // PAGED_DECODE_FP8_EDGE_CASES=N runs the first N (the sanitizer runs leave the two largest
-    // batches to a run of their own).
+    // PAGED_DECODE_FP8_EDGE_CASES=N runs the first N, PAGED_DECODE_FP8_FIRST_EDGE_CASE=K from the
+    // K-th on (the sanitizer runs leave the two largest batches to a run of their own).
     let edge_count =
         problem::env_number("PAGED_DECODE_FP8_EDGE_CASES", edge_cases.len()).min(edge_cases.len());
-    let edge_cases = &edge_cases[..edge_count];
+    let edge_first = problem::env_number("PAGED_DECODE_FP8_FIRST_EDGE_CASE", 0).min(edge_count);
+    let edge_cases = &edge_cases[edge_first..edge_count];
     let (tx, rx) = mpsc::sync_channel::<(usize, ProblemSpec, PreparedFp8)>(workers * 2);
     let mut worst = [0f64; 4];
     let mut paths = std::collections::BTreeMap::new();
