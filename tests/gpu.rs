@@ -8,7 +8,7 @@ mod problem;
 
 use std::sync::mpsc;
 
-use gpu_support::{device, fp8_device, opened, runs_fp8, skipped};
+use gpu_support::{device, fp8_device, opened, runs_fp8, skipped, two_fp8_pairings};
 use half::{bf16, f16};
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::plan::DecodeConfig;
@@ -487,15 +487,8 @@ fn decode_stacked_kv_heads() {
             stacked_case::<bf16, bf16>(&dev, name, &spec, max_heads, base);
         }
         if runs_fp8(&dev, "decode_stacked_kv_heads (8-bit caches)") {
-            // Every pairing of q type and code format, two per case in turn.
             let base = PlanPreference::default();
-            if i % 2 == 0 {
-                stacked_case::<f16, F8E4M3>(&dev, name, &spec, max_heads, base);
-                stacked_case::<bf16, F8E5M2>(&dev, name, &spec, max_heads, base);
-            } else {
-                stacked_case::<f16, F8E5M2>(&dev, name, &spec, max_heads, base);
-                stacked_case::<bf16, F8E4M3>(&dev, name, &spec, max_heads, base);
-            }
+            two_fp8_pairings!(i, |Q, C| stacked_case::<Q, C>(&dev, name, &spec, max_heads, base));
         }
     }
 }
@@ -881,12 +874,9 @@ fn page_table_written_by_the_previous_kernel_every_element() {
         let spec = ProblemSpec { seed: 93 + i as u64, ..ProblemSpec::uniform(batch, len, 16, 4, d, 16) };
         let pref = PlanPreference::default();
         guessed += writer.then_decode::<bf16, bf16>(&spec, pref).1;
-        if fp8 && i % 2 == 0 {
-            guessed += writer.then_decode::<f16, F8E4M3>(&spec, pref).1;
-            guessed += writer.then_decode::<bf16, F8E5M2>(&spec, pref).1;
-        } else if fp8 {
-            guessed += writer.then_decode::<f16, F8E5M2>(&spec, pref).1;
-            guessed += writer.then_decode::<bf16, F8E4M3>(&spec, pref).1;
+        if fp8 {
+            let (a, b) = two_fp8_pairings!(i, |Q, C| writer.then_decode::<Q, C>(&spec, pref).1);
+            guessed += a + b;
         }
     }
     assert!(
@@ -1970,14 +1960,7 @@ fn fp8_windows_and_sinks() {
     ];
     for (i, (lens, hq, hkv, d, window_left, pref)) in cases.into_iter().enumerate() {
         let spec = ProblemSpec { seed: 900 + i as u64, ..with_lens(lens, hq, hkv, d, 16) };
-        // Every pairing of q type and code format, two per case in turn.
-        if i % 2 == 0 {
-            fp8_window_case::<f16, F8E4M3>(&dev, i, &spec, window_left, pref);
-            fp8_window_case::<bf16, F8E5M2>(&dev, i, &spec, window_left, pref);
-        } else {
-            fp8_window_case::<f16, F8E5M2>(&dev, i, &spec, window_left, pref);
-            fp8_window_case::<bf16, F8E4M3>(&dev, i, &spec, window_left, pref);
-        }
+        two_fp8_pairings!(i, |Q, C| fp8_window_case::<Q, C>(&dev, i, &spec, window_left, pref));
     }
     println!("{test}: 9 cases × 2 element pairs × 2 plans match the reference");
 }

@@ -10,9 +10,8 @@ mod gpu_support;
 mod problem;
 
 use cudarc::driver::CudaSlice;
-use gpu_support::{device, fp8_device};
+use gpu_support::{device, fp8_device, two_fp8_pairings};
 use half::{bf16, f16};
-use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgs, BatchPagedDecodePlan, DecodePath, Device, Element,
@@ -498,19 +497,11 @@ fn fp8_decode_in_every_layout() {
         for (i, layout) in LAYOUTS.into_iter().enumerate() {
             let window_left = [None, Some(63)][(c + i) % 2];
             let sinks = (c + i) % 3 == 0;
-            // Every pairing of q type and code format, two per case in turn (the window
-            // alternates over the layouts, so each pairing runs with and without one).
-            let (a, b) = if c % 2 == 0 {
-                (
-                    fp8_layout_case::<f16, F8E4M3>(&dev, name, &spec, layout, window_left, sinks, *pref),
-                    fp8_layout_case::<bf16, F8E5M2>(&dev, name, &spec, layout, window_left, sinks, *pref),
-                )
-            } else {
-                (
-                    fp8_layout_case::<f16, F8E5M2>(&dev, name, &spec, layout, window_left, sinks, *pref),
-                    fp8_layout_case::<bf16, F8E4M3>(&dev, name, &spec, layout, window_left, sinks, *pref),
-                )
-            };
+            // Two pairings of q type and code format per case, in turn (the window alternates
+            // over the layouts, so each pairing runs with and without one).
+            let (a, b) = two_fp8_pairings!(c, |Q, C| {
+                fp8_layout_case::<Q, C>(&dev, name, &spec, layout, window_left, sinks, *pref)
+            });
             paths.extend([a, b]);
         }
     }
@@ -687,13 +678,9 @@ fn quantized_append_into_every_layout() {
         for (i, (page, d)) in [(1, 64), (16, 128), (7, 256)].into_iter().enumerate() {
             // Every pairing of token type and code format in every layout, two per case in turn.
             let seed = 40 + i as u64;
-            if (l + i) % 2 == 0 {
-                quantized_append::<f16, F8E4M3>(&dev, layout, page, d, seed, F8E4M3::from_bits);
-                quantized_append::<bf16, F8E5M2>(&dev, layout, page, d, seed + 10, F8E5M2::from_bits);
-            } else {
-                quantized_append::<f16, F8E5M2>(&dev, layout, page, d, seed, F8E5M2::from_bits);
-                quantized_append::<bf16, F8E4M3>(&dev, layout, page, d, seed + 10, F8E4M3::from_bits);
-            }
+            two_fp8_pairings!(l + i, |Q, C, k| {
+                quantized_append::<Q, C>(&dev, layout, page, d, seed + 10 * k, C::from_bits)
+            });
         }
     }
     println!(

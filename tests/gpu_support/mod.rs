@@ -54,3 +54,43 @@ pub fn gpu_required() -> bool {
 pub fn skipped(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
+
+/// Two of the four pairings of q (or token) type and 8-bit code format, `$q` and `$c` naming
+/// the types in `$body`: f16 / E4M3 and bf16 / E5M2 for an even `$turn`, f16 / E5M2 and
+/// bf16 / E4M3 for an odd one, so that cases taken in turn run every pairing at the cost of
+/// two. `$k` (if named) is 0 in the first and 1 in the second. Evaluates to both bodies' values.
+macro_rules! two_fp8_pairings {
+    ($turn:expr, |$q:ident, $c:ident| $body:expr) => {
+        two_fp8_pairings!($turn, |$q, $c, _k| $body)
+    };
+    ($turn:expr, |$q:ident, $c:ident, $k:ident| $body:expr) => {{
+        use paged_decode::float8::{F8E4M3, F8E5M2};
+        if $turn % 2 == 0 {
+            $crate::gpu_support::fp8_pair_bodies!($q, $c, $k, F8E4M3, F8E5M2, $body)
+        } else {
+            $crate::gpu_support::fp8_pair_bodies!($q, $c, $k, F8E5M2, F8E4M3, $body)
+        }
+    }};
+}
+pub(crate) use two_fp8_pairings;
+
+/// [`two_fp8_pairings`]' two bodies: f16 q with codes `$first`, bf16 q with codes `$second`.
+macro_rules! fp8_pair_bodies {
+    ($q:ident, $c:ident, $k:ident, $first:ty, $second:ty, $body:expr) => {
+        (
+            {
+                type $q = half::f16;
+                type $c = $first;
+                let $k = 0u64;
+                $body
+            },
+            {
+                type $q = half::bf16;
+                type $c = $second;
+                let $k = 1u64;
+                $body
+            },
+        )
+    };
+}
+pub(crate) use fp8_pair_bodies;
