@@ -159,8 +159,8 @@
 //!   per build.
 //!
 //! A library depending on this crate sets `default-features = false`: it gets the library alone
-//! (cudarc, half, float8, thiserror, libloading), and the final build picks cudarc's linking mode and
-//! CUDA version.
+//! (cudarc, half, float8, thiserror, libloading), and the final build picks cudarc's linking
+//! mode and CUDA version.
 
 #![warn(missing_docs)]
 

@@ -621,9 +621,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
 
     /// Launches the decode on `stream`: one decode kernel, after the one-CTA schedule kernel on
     /// the scheduled paths ([`DecodePath::Scheduled`], [`DecodePath::LeanScheduled`]). Never
-    /// allocates or synchronizes
-    /// (graph-capturable), except with [`PlanPreference::checked`], which first validates the
-    /// page table on the device and waits for the verdict.
+    /// allocates or synchronizes (graph-capturable), except with [`PlanPreference::checked`],
+    /// which first validates the page table on the device and waits for the verdict.
     ///
     /// When requests are split (`workspace_size() > 0`), the split state lives in the workspace
     /// (see [`Workspace`]): the plan itself holds no device memory, so one plan may run on

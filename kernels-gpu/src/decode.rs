@@ -34,11 +34,12 @@
 //!   and pays its start-up and epilogue once, and a 16-token request fills its tiles. The
 //!   16-bit lean entries have the stack count as a constant (one entry per count, `STACK`).
 //! - K/V tiles stream global → shared through a `cp.async` pipeline under an L2 evict-first
-//!   policy: the standard tiling's of 16 KB (8192 / D tokens) in 3 stages (8-bit codes: 8 KB
-//!   in 4 stages), the lean tiling's of 8 KB (4096 / D tokens; 8-bit: 4 KB) in 3 stages (each byte is read once); page ids of
-//!   the next tile are resolved one iteration ahead, one thread per row, into a shared ring
-//!   (`KvPipeline`); those of the first tiles are all loaded before any is resolved (but in the
-//!   8-bit cache's unguessed entries), so that their loads are one round trip.
+//!   policy (each byte is read once): the standard tiling's of 16 KB (8192 / D tokens) in 3
+//!   stages (8-bit codes: 8 KB in 4 stages), the lean tiling's of 8 KB (4096 / D tokens; 8-bit:
+//!   4 KB) in 3 stages. Page ids of the next tile are resolved one iteration ahead, one thread
+//!   per row, into a shared ring (`KvPipeline`); those of the first tiles are all loaded before
+//!   any is resolved (but in the 8-bit cache's unguessed entries), so that their loads are one
+//!   round trip.
 //!   Query heads are packed into 16-row MMA tiles; `S = Q·Kᵀ` and `O += P·V` run on tensor cores
 //!   (`mma.m16n8k16`, f32 accumulation) with an online softmax in the exp2 domain.
 //! - Warps split the 16-row query tiles, the tile's 16-token blocks and (for D = 256) the output

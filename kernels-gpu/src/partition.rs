@@ -13,9 +13,9 @@
 //!   it saves);
 //! - CTA `x` along the grid's chunk dimension (see [`cta_coords`]) takes item `x`: tokens
 //!   `[(x - first_b)·C, …)` of request `b`, the last item to the request's end; CTAs past the
-//!   last item do no work and exit after `griddepcontrol.wait`. The host launches only as many as the page table's slots can fill
-//!   ([`crate::chunking::max_items`]), and when a corrupt `indptr` claims more tokens than that,
-//!   every CTA exits.
+//!   last item do no work and exit after `griddepcontrol.wait`. The host launches only as many
+//!   as the page table's slots can fill ([`crate::chunking::max_items`]), and when a corrupt
+//!   `indptr` claims more tokens than that, every CTA exits.
 //!
 //! Long requests thus get more chunks than short ones, so the longest request no longer sets
 //! the kernel's time; with equal lengths `L` and `num_chunks = batch · s`, every request gets

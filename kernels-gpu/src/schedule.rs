@@ -4,9 +4,10 @@
 //! its own: no extra launch, but each CTA reads the whole page table, so a launch costs
 //! `O(CTAs × batch)`. Past [`crate::params::PARTITION_CACHED_BATCH`] requests (past 64 for a
 //! partition of spare chunks alone: the host's `DecodeConfig::partitions_in_every_cta`) the
-//! host launches this kernel first instead: it computes the same partition (same bounds, same bisection, same
-//! chunk counts; the items in another order) and writes an item map to the workspace, from which
-//! each decode CTA reads its item in `O(1)` ([`crate::partition::mapped_chunk`]).
+//! host launches this kernel first instead: it computes the same partition (same bounds, same
+//! bisection, same chunk counts; the items in another order) and writes an item map to the
+//! workspace, from which each decode CTA reads its item in `O(1)`
+//! ([`crate::partition::mapped_chunk`]).
 //!
 //! Item map (u32 words): `[items, chunk_tokens]`, then one `(request, first item of the request)`
 //! pair per item. `chunk_tokens == 0` means item `x` is request `x` (no request is longer than
