@@ -6,9 +6,7 @@ mod gpu_support;
 #[allow(dead_code)]
 mod problem;
 
-use std::sync::mpsc;
-
-use gpu_support::{device, fp8_device, opened, runs_fp8, skipped, two_fp8_pairings};
+use gpu_support::{device, fp8_device, opened, prepared_on_workers, runs_fp8, skipped, two_fp8_pairings};
 use half::{bf16, f16};
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::plan::DecodeConfig;
@@ -133,6 +131,26 @@ fn run_and_check<T: Element>(
     (check(&format!("{what} [{}]", path.name()), &host.spec, &o, &lse, r), *plan.config(), path)
 }
 
+/// The sweeps' worker pool (no GPU needed): every item reaches `run` once, as prepared, and a
+/// failed check in `run` reaches the caller.
+#[test]
+fn prepared_on_workers_hands_over_every_item_once() {
+    let mut seen = vec![0u32; 1000];
+    prepared_on_workers(
+        1000,
+        |i| (i, i * i),
+        |i, (j, square)| {
+            assert_eq!((i, square), (j, j * j));
+            seen[i] += 1;
+        },
+    );
+    assert!(seen.iter().all(|&n| n == 1));
+    let failed = std::panic::catch_unwind(|| {
+        prepared_on_workers(1000, |i| i, |i, _| assert!(i != 500, "item 500"));
+    });
+    assert!(failed.is_err());
+}
+
 /// ≥ 1000 random configurations over dtypes, head_dims, group sizes 1..64, page sizes 1..256,
 /// ragged lengths with empty, 1-token and full-last-page requests, permuted pages, any sm_scale;
 /// the store's slots that no request reads hold NaN.
@@ -141,70 +159,54 @@ fn decode_random_sweep() {
     let Some(dev) = device("decode_random_sweep") else { return };
     let base_seed = problem::sweep_seed("decode_random_sweep");
     let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200);
-    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
-    let (tx, rx) = mpsc::sync_channel::<(usize, ElementKind, ProblemSpec, Prepared)>(workers * 2);
     let mut worst = [0f64; 3];
     let mut paths = std::collections::BTreeMap::new();
     let mut portable_paths = std::collections::BTreeMap::new();
-    std::thread::scope(|scope| {
-        for w in 0..workers {
-            let tx = tx.clone();
-            scope.spawn(move || {
-                for i in (w..configs).step_by(workers) {
-                    let seed = base_seed.wrapping_add(i as u64);
-                    let (kind, spec) = random_spec(&mut Rng::new(seed), seed);
-                    let prepared = prepare(kind, &spec);
-                    if tx.send((i, kind, spec, prepared)).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop(tx);
-        for (i, kind, spec, prepared) in rx {
-            let what = format!(
-                "config {i} (seed {}): {kind:?} lens {:?} Hq {} Hkv {} D {} page {} scale {}",
-                spec.seed,
-                spec.lens,
-                spec.num_qo_heads,
-                spec.num_kv_heads,
-                spec.head_dim,
-                spec.page_size,
-                spec.sm_scale
-            );
-            // One configuration in six without spare chunks, one in six with a few (large
-            // batches then run the split kernels too); the rest by the plan's rule.
-            let spare_chunks = match i % 6 {
-                0 => Some(0),
-                1 => Some(1 + (spec.seed % 40) as u32),
-                _ => None,
-            };
-            // Large batches of short requests take the lean kernel by the rule; one configuration
-            // in four turns it off, so that they run the scheduled split kernels too.
-            let lean_max_avg_tokens = if i % 4 == 3 { Some(0) } else { None };
-            // One in five on the portable build, which an sm_90 device otherwise never runs.
-            let allow_sm90a = i % 5 != 4;
-            let pref = PlanPreference {
-                spare_chunks,
-                lean_max_avg_tokens,
-                allow_sm90a,
-                ..PlanPreference::default()
-            };
-            let (err, _, path) = match &prepared {
-                Prepared::F16(h, r) => run_and_check(&dev, &what, h, r, pref),
-                Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r, pref),
-                Prepared::F32(h, r) => run_and_check(&dev, &what, h, r, pref),
-            };
-            let k = match kind {
-                ElementKind::F16 => 0,
-                ElementKind::BF16 => 1,
-                _ => 2,
-            };
-            worst[k] = worst[k].max(err);
-            *paths.entry(path.name()).or_insert(0usize) += 1;
-            if !allow_sm90a {
-                *portable_paths.entry(path.name()).or_insert(0usize) += 1;
-            }
+    let random_config = |i: usize| {
+        let seed = base_seed.wrapping_add(i as u64);
+        let (kind, spec) = random_spec(&mut Rng::new(seed), seed);
+        let prepared = prepare(kind, &spec);
+        (kind, spec, prepared)
+    };
+    prepared_on_workers(configs, random_config, |i, (kind, spec, prepared)| {
+        let what = format!(
+            "config {i} (seed {}): {kind:?} lens {:?} Hq {} Hkv {} D {} page {} scale {}",
+            spec.seed,
+            spec.lens,
+            spec.num_qo_heads,
+            spec.num_kv_heads,
+            spec.head_dim,
+            spec.page_size,
+            spec.sm_scale
+        );
+        // One configuration in six without spare chunks, one in six with a few (large
+        // batches then run the split kernels too); the rest by the plan's rule.
+        let spare_chunks = match i % 6 {
+            0 => Some(0),
+            1 => Some(1 + (spec.seed % 40) as u32),
+            _ => None,
+        };
+        // Large batches of short requests take the lean kernel by the rule; one configuration
+        // in four turns it off, so that they run the scheduled split kernels too.
+        let lean_max_avg_tokens = if i % 4 == 3 { Some(0) } else { None };
+        // One in five on the portable build, which an sm_90 device otherwise never runs.
+        let allow_sm90a = i % 5 != 4;
+        let pref =
+            PlanPreference { spare_chunks, lean_max_avg_tokens, allow_sm90a, ..PlanPreference::default() };
+        let (err, _, path) = match &prepared {
+            Prepared::F16(h, r) => run_and_check(&dev, &what, h, r, pref),
+            Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r, pref),
+            Prepared::F32(h, r) => run_and_check(&dev, &what, h, r, pref),
+        };
+        let k = match kind {
+            ElementKind::F16 => 0,
+            ElementKind::BF16 => 1,
+            _ => 2,
+        };
+        worst[k] = worst[k].max(err);
+        *paths.entry(path.name()).or_insert(0usize) += 1;
+        if !allow_sm90a {
+            *portable_paths.entry(path.name()).or_insert(0usize) += 1;
         }
     });
     println!(
@@ -1734,7 +1736,6 @@ fn fp8_decode_random_sweep() {
     let Some(dev) = fp8_device(test) else { return };
     let base_seed = problem::sweep_seed(test);
     let configs: usize = problem::env_number("PAGED_DECODE_SWEEP", 1200) / 2;
-    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 12);
     let edge_cases = [
         with_lens(vec![0, 1, 30000, 0, 5, 17, 2], 32, 8, 128, 16),
         with_lens((0..16384).map(|i| i % 37).collect(), 8, 1, 64, 16),
@@ -1759,58 +1760,47 @@ fn fp8_decode_random_sweep() {
         problem::env_number("PAGED_DECODE_FP8_EDGE_CASES", edge_cases.len()).min(edge_cases.len());
     let edge_first = problem::env_number("PAGED_DECODE_FP8_FIRST_EDGE_CASE", 0).min(edge_count);
     let edge_cases = &edge_cases[edge_first..edge_count];
-    let (tx, rx) = mpsc::sync_channel::<(usize, ProblemSpec, PreparedFp8)>(workers * 2);
     let mut worst = [0f64; 4];
     let mut paths = std::collections::BTreeMap::new();
-    std::thread::scope(|scope| {
-        for w in 0..workers {
-            let tx = tx.clone();
-            scope.spawn(move || {
-                for i in (w..configs + edge_cases.len()).step_by(workers) {
-                    let seed = base_seed.wrapping_add(i as u64);
-                    let spec = match i.checked_sub(configs) {
-                        Some(e) => ProblemSpec { seed, ..edge_cases[e].clone() },
-                        None => random_spec(&mut Rng::new(seed), seed).1,
-                    };
-                    let prepared = prepare_fp8(i, &spec);
-                    if tx.send((i, spec, prepared)).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop(tx);
-        for (i, spec, prepared) in rx {
-            let what = format!(
-                "fp8 config {i} (seed {}): lens {:?} Hq {} Hkv {} D {} page {} scale {}",
-                spec.seed,
-                spec.lens.iter().take(40).collect::<Vec<_>>(),
-                spec.num_qo_heads,
-                spec.num_kv_heads,
-                spec.head_dim,
-                spec.page_size,
-                spec.sm_scale
-            );
-            // Forced spare chunks only where grid y (at most 65535 chunks) holds them beside one
-            // chunk per request: a batch of 65536 cannot take them, and the plan says so.
-            let grid_room = 65535u64.saturating_sub(spec.lens.len() as u64);
-            let spare_chunks = match i % 6 {
-                0 => Some(0),
-                1 if grid_room > 0 => Some((1 + spec.seed % 40).min(grid_room) as u32),
-                _ => None,
-            };
-            // Forced split counts on random configurations only (a batch of 16384 cannot take them).
-            let num_splits = (i < configs && i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
-            let pref = PlanPreference { spare_chunks, num_splits, ..PlanPreference::default() };
-            let (err, path) = match &prepared {
-                PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
-                PreparedFp8::BF16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
-                PreparedFp8::F16E5M2(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
-                PreparedFp8::BF16E5M2(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
-            };
-            worst[i % 4] = worst[i % 4].max(err);
-            *paths.entry(path.name()).or_insert(0usize) += 1;
-        }
+    let config_or_edge_case = |i: usize| {
+        let seed = base_seed.wrapping_add(i as u64);
+        let spec = match i.checked_sub(configs) {
+            Some(e) => ProblemSpec { seed, ..edge_cases[e].clone() },
+            None => random_spec(&mut Rng::new(seed), seed).1,
+        };
+        let prepared = prepare_fp8(i, &spec);
+        (spec, prepared)
+    };
+    prepared_on_workers(configs + edge_cases.len(), config_or_edge_case, |i, (spec, prepared)| {
+        let what = format!(
+            "fp8 config {i} (seed {}): lens {:?} Hq {} Hkv {} D {} page {} scale {}",
+            spec.seed,
+            spec.lens.iter().take(40).collect::<Vec<_>>(),
+            spec.num_qo_heads,
+            spec.num_kv_heads,
+            spec.head_dim,
+            spec.page_size,
+            spec.sm_scale
+        );
+        // Forced spare chunks only where grid y (at most 65535 chunks) holds them beside one
+        // chunk per request: a batch of 65536 cannot take them, and the plan says so.
+        let grid_room = 65535u64.saturating_sub(spec.lens.len() as u64);
+        let spare_chunks = match i % 6 {
+            0 => Some(0),
+            1 if grid_room > 0 => Some((1 + spec.seed % 40).min(grid_room) as u32),
+            _ => None,
+        };
+        // Forced split counts on random configurations only (a batch of 16384 cannot take them).
+        let num_splits = (i < configs && i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
+        let pref = PlanPreference { spare_chunks, num_splits, ..PlanPreference::default() };
+        let (err, path) = match &prepared {
+            PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+            PreparedFp8::BF16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+            PreparedFp8::F16E5M2(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+            PreparedFp8::BF16E5M2(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
+        };
+        worst[i % 4] = worst[i % 4].max(err);
+        *paths.entry(path.name()).or_insert(0usize) += 1;
     });
     println!(
         "{test}: {} configurations passed ({paths:?}); worst rel err f16/e4m3 {:.2e}, bf16/e4m3 {:.2e}, f16/e5m2 {:.2e}, bf16/e5m2 {:.2e}",

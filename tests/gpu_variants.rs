@@ -10,7 +10,7 @@ mod gpu_support;
 mod problem;
 
 use cudarc::driver::CudaSlice;
-use gpu_support::{device, fp8_device, two_fp8_pairings};
+use gpu_support::{device, fp8_device, prepared_on_workers, two_fp8_pairings};
 use half::{bf16, f16};
 use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
@@ -147,6 +147,31 @@ fn run_case<T: Element + ProblemCache>(
     pref: PlanPreference,
 ) -> (Vec<T>, Vec<f32>, DecodePath) {
     run_store(dev, what, &case.host, store, &case.variant, case.sinks.as_deref(), pref)
+}
+
+/// A case ready for the device: its store in the case's layout and its float64 reference (the
+/// CPU's share, made on worker threads while the device runs the cases before it).
+struct Prepared<T> {
+    what: String,
+    case: Case<T>,
+    store: Store<T>,
+    reference: DecodeOutput,
+}
+
+impl<T: Element + ProblemCache> Prepared<T> {
+    fn new(what: String, case: Case<T>) -> Self {
+        let store = Store::new(case.layout, &case.host.desc.paged_kv, &case.host.k_data, &case.host.v_data);
+        let reference = case.reference(&store);
+        Prepared { what, case, store, reference }
+    }
+
+    /// Runs the case under `pref` and checks it against the reference: its error and path.
+    fn run(&self, dev: &Device, pref: PlanPreference) -> (f64, DecodePath) {
+        let (o, lse, path) = run_case(dev, &self.what, &self.case, &self.store, pref);
+        let build = if pref.allow_sm90a { "" } else { " portable" };
+        let what = format!("{} [{}{build}]", self.what, path.name());
+        (check(&what, &self.case.host.spec, &o, &lse, &self.reference), path)
+    }
 }
 
 /// Runs the plan of `variant` and `pref` over `host`'s problem with its K/V stores as `store`
@@ -290,12 +315,10 @@ fn sweep<T: Element + ProblemCache>(
     paths: &mut std::collections::BTreeMap<String, usize>,
 ) -> f64 {
     let mut worst: f64 = 0.0;
-    for i in 0..configs {
+    let random_config = |i: usize| {
         let seed = base_seed.wrapping_add(i as u64);
         let case = random_case::<T>(&mut Rng::new(seed), seed);
         let h = &case.host;
-        let store = Store::new(case.layout, &h.desc.paged_kv, &h.k_data, &h.v_data);
-        let r = case.reference(&store);
         let what = format!(
             "config {i} (seed {seed}): {:?} {:?} {:?} sinks {} lens {:?} Hq {} Hkv {} D {} page {} scale {}",
             T::KIND,
@@ -309,6 +332,10 @@ fn sweep<T: Element + ProblemCache>(
             h.spec.page_size,
             h.spec.sm_scale
         );
+        Prepared::new(what, case)
+    };
+    prepared_on_workers(configs, random_config, |i, prepared| {
+        let seed = prepared.case.host.spec.seed;
         let spare_chunks = match i % 6 {
             0 => Some(0),
             1 => Some(1 + (seed % 40) as u32),
@@ -319,11 +346,11 @@ fn sweep<T: Element + ProblemCache>(
         let allow_sm90a = i % 5 != 4;
         let pref =
             PlanPreference { spare_chunks, lean_max_avg_tokens, allow_sm90a, ..PlanPreference::default() };
-        let (o, lse, path) = run_case(dev, &what, &case, &store, pref);
+        let (err, path) = prepared.run(dev, pref);
+        worst = worst.max(err);
         let build = if allow_sm90a { "" } else { " portable" };
-        worst = worst.max(check(&format!("{what} [{}{build}]", path.name()), &h.spec, &o, &lse, &r));
         *paths.entry(format!("{:?}/{}{build}", T::KIND, path.name())).or_insert(0) += 1;
-    }
+    });
     worst
 }
 
@@ -356,16 +383,22 @@ fn one<T: Element + ProblemCache>(
     sinks: bool,
     pref: PlanPreference,
 ) -> DecodePath {
+    explicit_case::<T>(what, spec, layout, variant, sinks).run(dev, pref).1
+}
+
+/// [`one`]'s case, prepared.
+fn explicit_case<T: Element + ProblemCache>(
+    what: &str,
+    spec: &ProblemSpec,
+    layout: Layout,
+    variant: AttentionVariantDescriptor,
+    sinks: bool,
+) -> Prepared<T> {
     let host = HostProblem::<T>::random(spec).unwrap();
     let sinks =
         sinks.then(|| (0..spec.num_qo_heads).map(|h| [-2.0, 0.5, 3.0, f32::NEG_INFINITY][h % 4]).collect());
-    let case = Case { host, layout, variant, sinks };
-    let store = Store::new(layout, &case.host.desc.paged_kv, &case.host.k_data, &case.host.v_data);
-    let r = case.reference(&store);
-    let what = format!("{what}: {:?} {layout:?} {variant:?} sinks {}", T::KIND, case.sinks.is_some());
-    let (o, lse, path) = run_case(dev, &what, &case, &store, pref);
-    check(&format!("{what} [{}]", path.name()), &case.host.spec, &o, &lse, &r);
-    path
+    let what = format!("{what}: {:?} {layout:?} {variant:?} sinks {}", T::KIND, sinks.is_some());
+    Prepared::new(what, Case { host, layout, variant, sinks })
 }
 
 /// A spec of these request lengths, heads, head_dim and page size.
@@ -428,18 +461,24 @@ fn decode_variant_edge_cases() {
         ("page 1, group 64", spec(vec![300, 5, 0], 64, 1, 64, 1), PlanPreference::default()),
     ];
     let windows = [None, Some(0), Some(127), Some(1023), Some(100_000)];
-    let mut paths = std::collections::BTreeSet::new();
-    for (c, (name, spec, pref)) in cases.iter().enumerate() {
+    let mut runs = Vec::new();
+    for c in 0..cases.len() {
         for (i, layout) in LAYOUTS.into_iter().enumerate() {
             let window_left = windows[(c + i) % windows.len()];
             for (cap, sinks) in [(None, false), (None, true), (Some(30.0), false), (Some(1.0), true)] {
-                let variant = AttentionVariantDescriptor { logits_soft_cap: cap, window_left };
-                paths.insert(one::<f16>(&dev, name, spec, layout, variant, sinks, *pref).name());
-                paths.insert(one::<bf16>(&dev, name, spec, layout, variant, sinks, *pref).name());
-                paths.insert(one::<f32>(&dev, name, spec, layout, variant, sinks, *pref).name());
+                runs.push(EdgeRun {
+                    case: c,
+                    layout,
+                    variant: AttentionVariantDescriptor { logits_soft_cap: cap, window_left },
+                    sinks,
+                });
             }
         }
     }
+    let mut paths = std::collections::BTreeSet::new();
+    edge_runs::<f16>(&dev, &cases, &runs, &mut paths);
+    edge_runs::<bf16>(&dev, &cases, &runs, &mut paths);
+    edge_runs::<f32>(&dev, &cases, &runs, &mut paths);
     // Soft-caps that saturate: logits far beyond the cap (q scaled up, sm_scale 1).
     for cap in [1.0, 5.0, 50.0, 100.0] {
         let spec = ProblemSpec { q_scale: 4.0, sm_scale: 1.0, ..spec(vec![700, 3, 64], 16, 4, 128, 16) };
@@ -466,6 +505,32 @@ fn decode_variant_edge_cases() {
         assert!(paths.contains(p.name()), "paths taken: {paths:?}");
     }
     println!("decode_variant_edge_cases: passed on paths {paths:?}");
+}
+
+/// One run of [`decode_variant_edge_cases`]: case `case` of its list in this layout and variant.
+#[derive(Clone, Copy)]
+struct EdgeRun {
+    case: usize,
+    layout: Layout,
+    variant: AttentionVariantDescriptor,
+    sinks: bool,
+}
+
+/// `runs` over `cases` (name, sizes, plan preference) in element type `T`, their data and
+/// references made on worker threads; the paths they took go into `paths`.
+fn edge_runs<T: Element + ProblemCache>(
+    dev: &Device,
+    cases: &[(&str, ProblemSpec, PlanPreference)],
+    runs: &[EdgeRun],
+    paths: &mut std::collections::BTreeSet<&'static str>,
+) {
+    let prepare = |r: usize| {
+        let EdgeRun { case, layout, variant, sinks } = runs[r];
+        explicit_case::<T>(cases[case].0, &cases[case].1, layout, variant, sinks)
+    };
+    prepared_on_workers(runs.len(), prepare, |r, prepared| {
+        paths.insert(prepared.run(dev, cases[runs[r].case].2).1.name());
+    });
 }
 
 /// 8-bit caches (every pairing of f16 / bf16 q and E4M3 / E5M2 codes, two per case in turn) in

@@ -4,6 +4,7 @@
 //! cannot pass by skipping every test.
 
 use std::io::Write;
+use std::sync::mpsc;
 
 use paged_decode::{Device, Error};
 
@@ -32,6 +33,36 @@ pub fn opened(test: &str, device: paged_decode::Result<Device>) -> Option<Device
         }
         Err(e) => panic!("{test}: opening the GPU failed: {e}"),
     }
+}
+
+/// Items `0..count` prepared on worker threads by `prepare` (the CPU's share: random inputs and
+/// float64 references) and handed to `run` on the calling thread (the device's share) in the
+/// order they are ready, at most two per worker waiting at a time. A panic in either reaches
+/// the caller; one in `run` (a failed check) stops the workers at their next item.
+pub fn prepared_on_workers<P: Send>(
+    count: usize,
+    prepare: impl Fn(usize) -> P + Sync,
+    mut run: impl FnMut(usize, P),
+) {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 12);
+    let (tx, rx) = mpsc::sync_channel::<(usize, P)>(workers * 2);
+    let prepare = &prepare;
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let tx = tx.clone();
+            scope.spawn(move || {
+                for i in (w..count).step_by(workers) {
+                    if tx.send((i, prepare(i))).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (i, prepared) in rx {
+            run(i, prepared);
+        }
+    });
 }
 
 /// Whether the GPU runs the 8-bit cache kernels (sm_90 and newer), else a skip line.
