@@ -335,7 +335,7 @@ fn sweep<T: Element + ProblemCache>(
         Prepared::new(what, case)
     };
     prepared_on_workers(configs, random_config, |i, prepared| {
-        let seed = prepared.case.host.spec.seed;
+        let seed = base_seed.wrapping_add(i as u64);
         let spare_chunks = match i % 6 {
             0 => Some(0),
             1 => Some(1 + (seed % 40) as u32),
