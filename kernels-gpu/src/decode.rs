@@ -62,9 +62,10 @@
 //!   as a guess, through L2 only. Those of whole requests issue the first copies from it right
 //!   after the wait and confirm it by reading it again; a changed lookup restarts the first
 //!   tiles from the confirmed values. Those of split chunks (16-bit caches) guess the partition
-//!   and confirm it right after the wait by reading its entries again
-//!   ([`crate::partition::find_chunk_guessing`]). Q, K/V and
-//!   every write come after the wait either way. The dependents' launch is allowed right after
+//!   and confirm it right after the wait by reading its entries again, beside the loads of the
+//!   chunk's first page ids, which are parked before the CTA's vote on the guess
+//!   ([`crate::partition::find_chunk_guessing`]); their first copies go under the default L2
+//!   policy. Q, K/V and every write come after the wait either way. The dependents' launch is allowed right after
 //!   the wait. A CTA that finds no chunk also ends only after the wait, so that its slot is not
 //!   taken by the next launch while this kernel's CTAs still run, and so that the grid never
 //!   completes before the kernel it depends on.
@@ -226,6 +227,15 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     /// tiling stacks heads), its stages from shared address `stages_smem`.
     #[inline(always)]
     fn new(p: &DecodeParams, chunk: &Chunk, head_shift: u32, stages_smem: u32, tid: u32) -> Self {
+        let rows = Self::for_rows(p, chunk, head_shift, stages_smem, tid);
+        // K/V are read once per launch: their lines go first when L2 needs room.
+        let policy = l2_evict_first_policy();
+        KvPipeline { policy, ..rows }
+    }
+
+    /// [`Self::new`] without the L2 policy, for the arithmetic of the rows only (no copies).
+    #[inline(always)]
+    fn for_rows(p: &DecodeParams, chunk: &Chunk, head_shift: u32, stages_smem: u32, tid: u32) -> Self {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
         let columns = D * V::T.kv_bytes / 16;
         let tile_bytes = tile_tokens * D * V::T.kv_bytes;
@@ -237,8 +247,7 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         let first_row = tid / columns;
         let ring = stages_smem + stages * 2 * tile_bytes;
         let (k_column, v_column) = (p.k_data + (column * 16) as u64, p.v_data + (column * 16) as u64);
-        // K/V are read once per launch: their lines go first when L2 needs room.
-        let policy = l2_evict_first_policy();
+        let policy = 0;
         let (begin, end) = (chunk.begin, chunk.end);
         let tiling = PhantomData;
         KvPipeline {
@@ -268,6 +277,14 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
         } else {
             (chunk.end - chunk.begin).div_ceil(V::T.tile_tokens)
         }
+    }
+
+    /// The same pipeline over `chunk` (its L2 policy not created again), for the arithmetic of
+    /// its rows only.
+    #[inline(always)]
+    fn rebound(&self, chunk: &Chunk) -> Self {
+        let tiles = Self::tiles_of(chunk, self.seg_shift, self.group_shift);
+        KvPipeline { begin: chunk.begin, end: chunk.end, tiles, ..*self }
     }
 
     /// This pipeline moved to `chunk` (of the same request): its L2 policy is kept, since a
@@ -359,6 +376,12 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
     /// zero-filled), from the store rows parked in the ring.
     #[inline(always)]
     unsafe fn issue(&self, tile: u32) {
+        unsafe { self.issue_under(tile, Some(self.policy)) }
+    }
+
+    /// [`Self::issue`] under L2 policy `policy`, or the default policy (no hint) for `None`.
+    #[inline(always)]
+    unsafe fn issue_under(&self, tile: u32, policy: Option<u64>) {
         let (tile_tokens, stages) = (V::T.tile_tokens, V::T.stages);
         let columns = D * V::T.kv_bytes / 16;
         let rows_per_thread = tile_tokens * columns / DECODE_THREADS;
@@ -375,9 +398,15 @@ impl<const D: u32, V: Tiling> KvPipeline<D, V> {
                 swizzle::<D>(r, self.column)
             };
             let n = if self.row_valid(&seg, r) { 16 } else { 0 };
-            unsafe {
-                cp_async_16(k_dst + dst, k, n, self.policy);
-                cp_async_16(v_dst + dst, v, n, self.policy);
+            match policy {
+                Some(policy) => unsafe {
+                    cp_async_16(k_dst + dst, k, n, policy);
+                    cp_async_16(v_dst + dst, v, n, policy);
+                },
+                None => unsafe {
+                    cp_async_16_default_policy(k_dst + dst, k, n);
+                    cp_async_16_default_policy(v_dst + dst, v, n);
+                },
             }
         }
     }
@@ -531,32 +560,6 @@ pub unsafe fn decode_mma<
     let columns = D / 8; // 16-byte columns per row
     let q_smem = smem_base();
     let kv_smem = q_smem + q_tiles * 16 * D * 2;
-    // A guessed page lookup is read before the wait through L2 only (so that no line of the
-    // page table stays in L1 for a read after the wait to hit), confirmed after the wait by the
-    // same loads while the first copies, issued from the guess, are in flight, and redone from
-    // the confirming values when the previous kernel changed it.
-    let chunk = if SPLIT && GUESS {
-        unsafe { find_chunk_guessing(p, item) }
-    } else if SPLIT {
-        unsafe { find_chunk(p, item) }
-    } else if guess {
-        Some(unsafe { whole_request_through_l2(p, item) })
-    } else {
-        Some(unsafe { whole_request(p, item) })
-    };
-    let Some(mut chunk) = chunk else {
-        // No chunk: leave at the wait, not before it. A CTA that ends while the previous kernel
-        // still runs frees its slot to the next launch's CTAs then, which take the slots the
-        // previous kernel leaves free and so crowd its SMs unevenly.
-        grid_dependency_wait();
-        return;
-    };
-    let request = chunk.request;
-
-    // The K/V pipeline. Its page-lookup steps stay closures here: the shipped PTX depends on
-    // LLVM inlining them late, as closures are.
-    let mut kv = KvPipeline::<D, V>::new(p, &chunk, stack_shift, kv_smem, tid);
-    let mut n_tiles = kv.tiles;
     // Page id of this thread's row of tile `tile` of `chunk` (0 past the chunk), and the same
     // read through L2 only, for a guess.
     let load_page = |kv: &KvPipeline<D, V>, chunk: &Chunk, tile: u32| -> i32 {
@@ -600,8 +603,58 @@ pub unsafe fn decode_mma<
     // (three CTAs per SM), whose code ran 17 % slower per CTA (run 149).
     let mut first_pages = [0i32; MAX_STAGES as usize];
     const { assert!(V::T.stages <= MAX_STAGES) };
+
+    // A guessed page lookup is read before the wait through L2 only (so that no line of the
+    // page table stays in L1 for a read after the wait to hit), confirmed after the wait by the
+    // same loads while the first copies, issued from the guess, are in flight, and redone from
+    // the confirming values when the previous kernel changed it. A guessed split partition is
+    // confirmed right after the wait, its confirming loads beside those of the chunk's first
+    // page ids, which are parked before the CTA's vote on it (the barrier they need anyway).
+    let chunk = if SPLIT && GUESS {
+        // Only the rows' arithmetic: the copies' pipeline is made once the chunk is confirmed,
+        // so that its L2 policy is created after the partition's loop (ptxas may drop a
+        // `createpolicy` whose value crosses it: the descriptor check in `tests/ptx.rs`).
+        let unbound = KvPipeline::<D, V>::for_rows(p, &Chunk::EMPTY, stack_shift, kv_smem, tid);
+        let load_first_pages = |c: &Chunk| {
+            let kv = unbound.rebound(c);
+            let mut pages = [0i32; MAX_STAGES as usize];
+            for s in 0..stages {
+                pages[s as usize] = opaque_u32(load_page(&kv, c, s) as u32) as i32;
+            }
+            pages
+        };
+        let park_first_rows = |c: &Chunk, pages: [i32; MAX_STAGES as usize]| {
+            let kv = unbound.rebound(c);
+            for s in 0..stages - 1 {
+                park_row(&kv, c, s, pages[s as usize]);
+            }
+        };
+        unsafe { find_chunk_guessing(p, item, &mut first_pages, load_first_pages, park_first_rows) }
+    } else if SPLIT {
+        unsafe { find_chunk(p, item) }
+    } else if guess {
+        Some(unsafe { whole_request_through_l2(p, item) })
+    } else {
+        Some(unsafe { whole_request(p, item) })
+    };
+    let Some(mut chunk) = chunk else {
+        // No chunk: leave at the wait, not before it. A CTA that ends while the previous kernel
+        // still runs frees its slot to the next launch's CTAs then, which take the slots the
+        // previous kernel leaves free and so crowd its SMs unevenly.
+        grid_dependency_wait();
+        return;
+    };
+    let request = chunk.request;
+
+    // The K/V pipeline. Its page-lookup steps are the closures above: the shipped PTX depends
+    // on LLVM inlining them late, as closures are.
+    let mut kv = KvPipeline::<D, V>::new(p, &chunk, stack_shift, kv_smem, tid);
+    let mut n_tiles = kv.tiles;
     let mut pending_page;
-    if guess || !C::FP8 {
+    if SPLIT && GUESS {
+        // Loaded and parked with the partition's confirmation, a barrier after.
+        pending_page = first_pages[(stages - 1) as usize];
+    } else if guess || !C::FP8 {
         for s in 0..stages {
             let page = if guess { guess_page(&kv, &chunk, s) } else { load_page(&kv, &chunk, s) };
             first_pages[s as usize] = opaque_u32(page as u32) as i32;
@@ -624,7 +677,9 @@ pub unsafe fn decode_mma<
     if epilogue_in_shared && tid == 0 {
         unsafe { lean_epilogue.store(&chunk, q_tiles) };
     }
-    sync_threads();
+    if !(SPLIT && GUESS) {
+        sync_threads();
+    }
     // Everything above reads only the page table; Q and K/V may come from the previous kernel,
     // so until it completes the first tiles are only prefetched into L2 (a hint, no read; the
     // host asks for it only with the early page table).
@@ -653,9 +708,13 @@ pub unsafe fn decode_mma<
             }
         }
     }
+    // A split guess's first tiles under the default L2 policy: ptxas dropped the `createpolicy`
+    // of these copies from some of those entries once their first page ids were loaded before
+    // the partition's vote (the descriptor check in `tests/ptx.rs`).
+    let first_policy = if SPLIT && GUESS { None } else { Some(kv.policy) };
     for s in 0..stages - 1 {
         if s < n_tiles {
-            unsafe { kv.issue(s) };
+            unsafe { kv.issue_under(s, first_policy) };
         }
         cp_async_commit();
     }

@@ -266,27 +266,47 @@ impl PartitionInputs {
 /// wait each thread reads the entries it was derived from again. When they all hold (the CTA
 /// agrees through a barrier), the guess is the partition of the table the previous kernel left;
 /// otherwise the same code runs again on that table. Either way every value the chunk depends on
-/// was read after the wait, which has returned. The guess overlaps the partition's reads and
-/// arithmetic with the previous kernel's end; after the wait one round trip of confirming reads
-/// is left.
+/// was read after the wait, which has returned.
+///
+/// The caller's first reads for its chunk go beside the confirming ones: right after the wait,
+/// `load` runs on this thread's chunk (its value kept in `staged`), then the confirming loads
+/// are issued, then `park` takes the chunk and `load`'s value (to shared memory), and the
+/// CTA's vote on the confirmation is also the barrier after `park`. So after the wait one round
+/// trip and one barrier are left before the caller's next step, as with the promise; a changed
+/// table runs `load` and `park` again for the new chunk (after the vote, so no thread still
+/// reads what they replace), then a barrier. A thread with no chunk runs neither.
 ///
 /// # Safety
-/// As [`find_chunk`]; every thread of the CTA calls it (it holds barriers).
+/// As [`find_chunk`]; every thread of the CTA calls it (it holds barriers). `load` reads the
+/// page table only within the chunk's pages as clamped here (`first_index + num_pages ≤
+/// p.num_indices`), since a guess's chunk may be of no partition (a table being written), and
+/// what it reads is used only by `park`; `park` writes only this thread's shared memory that no
+/// thread reads before this function returns; neither holds a barrier.
 #[inline(always)]
-pub unsafe fn find_chunk_guessing(p: &DecodeParams, item: u32) -> Option<Chunk> {
-    if p.item_map != 0 {
-        // The schedule kernel's map: nothing to guess.
-        return unsafe { find_chunk(p, item) };
-    }
+pub unsafe fn find_chunk_guessing<T: Copy>(
+    p: &DecodeParams,
+    item: u32,
+    staged: &mut T,
+    mut load: impl FnMut(&Chunk) -> T,
+    mut park: impl FnMut(&Chunk, T),
+) -> Option<Chunk> {
     let mut waited = false;
     loop {
         let mut inputs = PartitionInputs::NONE;
         let chunk = unsafe { find_chunk_read::<true>(p, item, &mut inputs) };
-        if waited {
-            return chunk;
+        if !waited {
+            grid_dependency_wait();
         }
-        grid_dependency_wait();
-        if !sync_threads_or(!unsafe { inputs.still_hold(p, chunk.as_ref()) }) {
+        if let Some(c) = &chunk {
+            *staged = load(c);
+        }
+        // Read after the wait already on a second pass, and with the schedule kernel's map
+        // (nothing guessed: `find_chunk_read` waits before it reads the map).
+        let holds = waited || p.item_map != 0 || unsafe { inputs.still_hold(p, chunk.as_ref()) };
+        if let Some(c) = &chunk {
+            park(c, *staged);
+        }
+        if !sync_threads_or(!holds) {
             return chunk;
         }
         // Opaque, so that LLVM keeps one copy of the partition in the loop rather than two.
