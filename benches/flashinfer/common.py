@@ -12,7 +12,8 @@ tanh(logits / cap)), "window_left": int (attend to the last window_left + 1 toke
 PAGED_DECODE_SEPARATED=1 (as `paged-decode bench --separated`): each timed call is preceded by a
 SEPARATOR_BYTES device-to-device copy (a memcpy node in the graph, which no launch overlaps), and
 a graph of the copies alone is timed and subtracted, so that each call follows an unrelated
-operation instead of the call before it.
+operation instead of the call before it. PAGED_DECODE_SEPARATOR_BYTES sets the copy's size:
+134217728 (128 MiB, as `paged-decode bench --cold-l2`) leaves L2 holding none of the call's data.
 """
 import json
 import math
@@ -53,7 +54,8 @@ def graph_time_us(fn):
     """Microseconds per call of `fn`: CALLS_PER_GRAPH calls in one CUDA graph, median of REPLAYS;
     with PAGED_DECODE_SEPARATED=1, each call after a copy, less the copies' own time."""
     if os.environ.get("PAGED_DECODE_SEPARATED") == "1":
-        src = torch.zeros(SEPARATOR_BYTES, dtype=torch.uint8, device=DEV)
+        size = int(os.environ.get("PAGED_DECODE_SEPARATOR_BYTES", SEPARATOR_BYTES))
+        src = torch.zeros(size, dtype=torch.uint8, device=DEV)
         dst = torch.empty_like(src)
         copy = lambda: dst.copy_(src)  # contiguous, same type: one cudaMemcpyAsync
 

@@ -165,9 +165,9 @@ pub struct BenchOptions {
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
-    /// Each timed call after a device-to-device copy instead of after the call before
-    /// ([`GraphTiming::separated`]).
-    pub separated: bool,
+    /// Each timed call after a device-to-device copy of this many bytes instead of after the
+    /// call before ([`GraphTiming::separator_bytes`]).
+    pub separator_bytes: Option<usize>,
 }
 
 /// How [`time_plan`] times: `calls` runs captured in one CUDA graph, the median of `replays`
@@ -178,21 +178,27 @@ pub struct GraphTiming {
     pub calls: usize,
     /// Timed replays (after three untimed ones).
     pub replays: usize,
-    /// Each run preceded by a [`SEPARATOR_BYTES`] device-to-device copy, whose own time (a graph
-    /// of the copies alone) is subtracted. A copy is a graph node that no kernel launch
-    /// overlaps, so each run starts as it would after an unrelated operation, without the
-    /// programmatic overlap with the run before it that a graph of back-to-back runs gives.
-    pub separated: bool,
+    /// Each run preceded by a device-to-device copy of this many bytes (reads and writes as
+    /// many), whose own time (a graph of the copies alone) is subtracted. A copy is a graph node
+    /// that no kernel launch overlaps, so each run starts as it would after an unrelated
+    /// operation, without the programmatic overlap with the run before it that a graph of
+    /// back-to-back runs gives. A copy larger than L2 ([`COLD_L2_SEPARATOR_BYTES`]) also leaves
+    /// L2 holding none of the run's data, as in a model whose other layers run between two
+    /// decodes of one layer; back to back, the lines a run leaves in L2 serve the next one.
+    pub separator_bytes: Option<usize>,
 }
 
 impl GraphTiming {
     /// 20 back-to-back runs per graph, the median of 15 replays: FlashInfer's harness's method.
-    pub const BACK_TO_BACK: GraphTiming = GraphTiming { calls: 20, replays: 15, separated: false };
+    pub const BACK_TO_BACK: GraphTiming = GraphTiming { calls: 20, replays: 15, separator_bytes: None };
 }
 
-/// Bytes of the copy before each run of a [`GraphTiming::separated`] timing (FlashInfer's
-/// harness copies as many, `benches/flashinfer/common.py`).
+/// Bytes of the copy before each run of a separated timing ([`GraphTiming::separator_bytes`]) by
+/// default (FlashInfer's harness copies as many, `benches/flashinfer/common.py`).
 pub const SEPARATOR_BYTES: usize = 1 << 20;
+
+/// A separator that leaves L2 cold: 128 MiB copied, well above the 50 MB L2 of an H100 or H200.
+pub const COLD_L2_SEPARATOR_BYTES: usize = 128 << 20;
 
 /// Median time of one call.
 #[derive(Debug, Clone, Copy)]
@@ -214,10 +220,9 @@ pub fn time_plan<T: Element, C: ProblemCache>(
     timing: GraphTiming,
 ) -> Result<Timing> {
     let stream = &device.stream;
-    let mut separator = if timing.separated {
-        Some((stream.alloc_zeros::<u8>(SEPARATOR_BYTES)?, stream.alloc_zeros::<u8>(SEPARATOR_BYTES)?))
-    } else {
-        None
+    let mut separator = match timing.separator_bytes {
+        Some(bytes) => Some((stream.alloc_zeros::<u8>(bytes)?, stream.alloc_zeros::<u8>(bytes)?)),
+        None => None,
     };
     let with_runs = time_graph(device, timing, || {
         if let Some((src, dst)) = separator.as_mut() {
@@ -323,7 +328,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     opts: &BenchOptions,
     pref: PlanPreference,
 ) -> Result<BenchRow> {
-    let (check, separated) = (opts.check, opts.separated);
+    let (check, separator_bytes) = (opts.check, opts.separator_bytes);
     let spec = ProblemSpec { indices_slack: opts.indices_slack, ..shape.spec()? };
     let host = HostProblem::<T, C>::random(&spec)?;
     let (variant, layout) = (shape.variant(), shape.kv_layout()?);
@@ -357,7 +362,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     } else {
         None
     };
-    let timing = GraphTiming { separated, ..GraphTiming::BACK_TO_BACK };
+    let timing = GraphTiming { separator_bytes, ..GraphTiming::BACK_TO_BACK };
     let t = time_plan(device, &plan, &mut dev, host.scales, timing)?;
     let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND, variant.window_left) as f64 / (t.us * 1e-6) / 1e12;
     Ok(BenchRow {

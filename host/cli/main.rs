@@ -114,6 +114,11 @@ enum Command {
         /// operation, not the decode before it (FlashInfer's harness: PAGED_DECODE_SEPARATED=1).
         #[arg(long)]
         separated: bool,
+        /// As `--separated`, with a 128 MiB copy: L2 then holds none of the decode's data, as
+        /// when a model's other layers run between two decodes of one layer (FlashInfer's
+        /// harness: PAGED_DECODE_SEPARATED=1 PAGED_DECODE_SEPARATOR_BYTES=134217728).
+        #[arg(long, conflicts_with = "separated")]
+        cold_l2: bool,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -173,6 +178,7 @@ fn main() -> ExitCode {
             guess_ctas,
             lean_spare,
             separated,
+            cold_l2,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -187,7 +193,11 @@ fn main() -> ExitCode {
             max_stacked_kv_heads: stack,
             guess_max_ctas: guess_ctas,
             lean_spare_chunks: lean_spare,
-            separated,
+            separator_bytes: match (separated, cold_l2) {
+                (_, true) => Some(bench::COLD_L2_SEPARATOR_BYTES),
+                (true, false) => Some(bench::SEPARATOR_BYTES),
+                (false, false) => None,
+            },
         }),
     };
     match result {
