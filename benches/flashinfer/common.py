@@ -14,6 +14,8 @@ SEPARATOR_BYTES device-to-device copy (a memcpy node in the graph, which no laun
 a graph of the copies alone is timed and subtracted, so that each call follows an unrelated
 operation instead of the call before it. PAGED_DECODE_SEPARATOR_BYTES sets the copy's size:
 134217728 (128 MiB, as `paged-decode bench --cold-l2`) leaves L2 holding none of the call's data.
+PAGED_DECODE_SEPARATOR_KIND=read makes the separator a read of that many bytes (a sum: L2 left
+holding clean lines, as `paged-decode bench --clean-l2`) instead of a copy.
 """
 import json
 import math
@@ -55,9 +57,13 @@ def graph_time_us(fn):
     with PAGED_DECODE_SEPARATED=1, each call after a copy, less the copies' own time."""
     if os.environ.get("PAGED_DECODE_SEPARATED") == "1":
         size = int(os.environ.get("PAGED_DECODE_SEPARATOR_BYTES", SEPARATOR_BYTES))
-        src = torch.zeros(size, dtype=torch.uint8, device=DEV)
-        dst = torch.empty_like(src)
-        copy = lambda: dst.copy_(src)  # contiguous, same type: one cudaMemcpyAsync
+        if os.environ.get("PAGED_DECODE_SEPARATOR_KIND", "copy") == "read":
+            src = torch.zeros(size // 4, dtype=torch.int32, device=DEV)
+            copy = lambda: src.sum()  # one reduction kernel: reads the buffer, writes a scalar
+        else:
+            src = torch.zeros(size, dtype=torch.uint8, device=DEV)
+            dst = torch.empty_like(src)
+            copy = lambda: dst.copy_(src)  # contiguous, same type: one cudaMemcpyAsync
 
         def separated():
             copy()

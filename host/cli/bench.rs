@@ -7,9 +7,10 @@
 //! `window_left`, as the anchor's `variant-shapes.json`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
@@ -165,9 +166,9 @@ pub struct BenchOptions {
     /// Unused page-table slots after the batch's ([`ProblemSpec::indices_slack`]): a buffer
     /// sized for a larger batch, which keeps split grids at their full size.
     pub indices_slack: usize,
-    /// Each timed call after a device-to-device copy of this many bytes instead of after the
-    /// call before ([`GraphTiming::separator_bytes`]).
-    pub separator_bytes: Option<usize>,
+    /// Each timed call after an unrelated operation instead of after the call before
+    /// ([`GraphTiming::separator`]).
+    pub separator: Option<Separator>,
 }
 
 /// How [`time_plan`] times: `calls` runs captured in one CUDA graph, the median of `replays`
@@ -178,26 +179,38 @@ pub struct GraphTiming {
     pub calls: usize,
     /// Timed replays (after three untimed ones).
     pub replays: usize,
-    /// Each run preceded by a device-to-device copy of this many bytes (reads and writes as
-    /// many), whose own time (a graph of the copies alone) is subtracted. A copy is a graph node
-    /// that no kernel launch overlaps, so each run starts as it would after an unrelated
-    /// operation, without the programmatic overlap with the run before it that a graph of
-    /// back-to-back runs gives. A copy larger than L2 ([`COLD_L2_SEPARATOR_BYTES`]) also leaves
-    /// L2 holding none of the run's data, as in a model whose other layers run between two
-    /// decodes of one layer; back to back, the lines a run leaves in L2 serve the next one.
-    pub separator_bytes: Option<usize>,
+    /// Each run preceded by this operation, whose own time (a graph of the separators alone)
+    /// is subtracted; `None`: each run after the one before.
+    pub separator: Option<Separator>,
+}
+
+/// What precedes each timed run of a separated timing. Either is a graph node that no launch of
+/// the plan overlaps (a copy node, or a kernel launched without programmatic launch), so each
+/// run starts as it would after an unrelated operation, without the programmatic overlap with
+/// the run before it that a graph of back-to-back runs gives. One larger than L2
+/// ([`COLD_L2_SEPARATOR_BYTES`]) also leaves L2 holding none of the run's data, as in a model
+/// whose other layers run between two decodes of one layer; back to back, the lines a run
+/// leaves in L2 serve the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Separator {
+    /// A device-to-device copy of this many bytes (reads and writes as many): after a large one
+    /// L2 is full of dirty lines, which the run's reads must write back.
+    Copy(usize),
+    /// The read-ceiling kernel over this many bytes (reads only): after a large one L2 is full
+    /// of clean lines of another buffer, as after a GEMM that read its weights.
+    Read(usize),
 }
 
 impl GraphTiming {
     /// 20 back-to-back runs per graph, the median of 15 replays: FlashInfer's harness's method.
-    pub const BACK_TO_BACK: GraphTiming = GraphTiming { calls: 20, replays: 15, separator_bytes: None };
+    pub const BACK_TO_BACK: GraphTiming = GraphTiming { calls: 20, replays: 15, separator: None };
 }
 
-/// Bytes of the copy before each run of a separated timing ([`GraphTiming::separator_bytes`]) by
+/// Bytes of the copy before each run of a separated timing ([`GraphTiming::separator`]) by
 /// default (FlashInfer's harness copies as many, `benches/flashinfer/common.py`).
 pub const SEPARATOR_BYTES: usize = 1 << 20;
 
-/// A separator that leaves L2 cold: 128 MiB copied, well above the 50 MB L2 of an H100 or H200.
+/// A separator that leaves L2 cold: 128 MiB, well above the 50 MB L2 of an H100 or H200.
 pub const COLD_L2_SEPARATOR_BYTES: usize = 128 << 20;
 
 /// Median time of one call.
@@ -220,22 +233,67 @@ pub fn time_plan<T: Element, C: ProblemCache>(
     timing: GraphTiming,
 ) -> Result<Timing> {
     let stream = &device.stream;
-    let mut separator = match timing.separator_bytes {
-        Some(bytes) => Some((stream.alloc_zeros::<u8>(bytes)?, stream.alloc_zeros::<u8>(bytes)?)),
+    let mut separator = match timing.separator {
+        Some(kind) => Some(SeparatorOp::new(device, kind)?),
         None => None,
     };
     let with_runs = time_graph(device, timing, || {
-        if let Some((src, dst)) = separator.as_mut() {
-            stream.memcpy_dtod(src, dst)?;
+        if let Some(op) = separator.as_mut() {
+            op.launch(stream)?;
         }
         let (mut args, mut ws) = dev.args_and_workspace();
         plan.run_scaled(stream, &mut ws, &mut args, scales)
     })?;
     let copies = match separator.as_mut() {
-        Some((src, dst)) => time_graph(device, timing, || Ok(stream.memcpy_dtod(src, dst)?))?,
+        Some(op) => time_graph(device, timing, || op.launch(stream))?,
         None => 0.0,
     };
     Ok(Timing { us: with_runs - copies })
+}
+
+/// A [`Separator`] ready to launch: its buffers, and its kernel for a read.
+enum SeparatorOp {
+    Copy { src: CudaSlice<u8>, dst: CudaSlice<u8> },
+    Read { src: CudaSlice<u8>, kernel: CudaFunction, sink: CudaSlice<u32> },
+}
+
+impl SeparatorOp {
+    fn new(device: &Device, kind: Separator) -> Result<Self> {
+        let stream = &device.stream;
+        Ok(match kind {
+            Separator::Copy(bytes) => {
+                SeparatorOp::Copy { src: stream.alloc_zeros(bytes)?, dst: stream.alloc_zeros(bytes)? }
+            }
+            Separator::Read(bytes) => SeparatorOp::Read {
+                src: stream.alloc_zeros(bytes)?,
+                kernel: read_bandwidth_kernel(device)?,
+                sink: stream.alloc_zeros(1)?,
+            },
+        })
+    }
+
+    fn launch(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        match self {
+            SeparatorOp::Copy { src, dst } => stream.memcpy_dtod(src, dst)?,
+            SeparatorOp::Read { src, kernel, sink } => {
+                let chunks = (src.len() / 16) as u64;
+                let sentinel = 0x9E37_79B9u32;
+                let cfg =
+                    LaunchConfig { grid_dim: (1024, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: reads `chunks` 16-byte chunks of `src`, writes at most one u32 to `sink`.
+                unsafe {
+                    stream
+                        .launch_builder(kernel)
+                        .arg(&*src)
+                        .arg(&chunks)
+                        .arg(&sentinel)
+                        .arg(sink)
+                        .launch(cfg)?
+                };
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Microseconds per call of `call`: `timing.calls` calls captured in one CUDA graph, the median
@@ -328,7 +386,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     opts: &BenchOptions,
     pref: PlanPreference,
 ) -> Result<BenchRow> {
-    let (check, separator_bytes) = (opts.check, opts.separator_bytes);
+    let (check, separator) = (opts.check, opts.separator);
     let spec = ProblemSpec { indices_slack: opts.indices_slack, ..shape.spec()? };
     let host = HostProblem::<T, C>::random(&spec)?;
     let (variant, layout) = (shape.variant(), shape.kv_layout()?);
@@ -362,7 +420,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     } else {
         None
     };
-    let timing = GraphTiming { separator_bytes, ..GraphTiming::BACK_TO_BACK };
+    let timing = GraphTiming { separator, ..GraphTiming::BACK_TO_BACK };
     let t = time_plan(device, &plan, &mut dev, host.scales, timing)?;
     let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND, variant.window_left) as f64 / (t.us * 1e-6) / 1e12;
     Ok(BenchRow {

@@ -119,6 +119,12 @@ enum Command {
         /// harness: PAGED_DECODE_SEPARATED=1 PAGED_DECODE_SEPARATOR_BYTES=134217728).
         #[arg(long, conflicts_with = "separated")]
         cold_l2: bool,
+        /// As `--cold-l2`, with our read kernel over 128 MiB instead of a copy: L2 then holds
+        /// clean lines of another buffer, as after a GEMM that read its weights, not dirty ones
+        /// (FlashInfer's harness: PAGED_DECODE_SEPARATED=1 PAGED_DECODE_SEPARATOR_BYTES=134217728
+        /// PAGED_DECODE_SEPARATOR_KIND=read).
+        #[arg(long, conflicts_with_all = ["separated", "cold_l2"])]
+        clean_l2: bool,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -179,6 +185,7 @@ fn main() -> ExitCode {
             lean_spare,
             separated,
             cold_l2,
+            clean_l2,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -193,10 +200,14 @@ fn main() -> ExitCode {
             max_stacked_kv_heads: stack,
             guess_max_ctas: guess_ctas,
             lean_spare_chunks: lean_spare,
-            separator_bytes: match (separated, cold_l2) {
-                (_, true) => Some(bench::COLD_L2_SEPARATOR_BYTES),
-                (true, false) => Some(bench::SEPARATOR_BYTES),
-                (false, false) => None,
+            separator: if clean_l2 {
+                Some(bench::Separator::Read(bench::COLD_L2_SEPARATOR_BYTES))
+            } else if cold_l2 {
+                Some(bench::Separator::Copy(bench::COLD_L2_SEPARATOR_BYTES))
+            } else if separated {
+                Some(bench::Separator::Copy(bench::SEPARATOR_BYTES))
+            } else {
+                None
             },
         }),
     };
