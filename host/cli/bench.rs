@@ -184,10 +184,11 @@ pub struct GraphTiming {
     pub separator: Option<Separator>,
 }
 
-/// What precedes each timed run of a separated timing. Either is a graph node that no launch of
-/// the plan overlaps (a copy node, or a kernel launched without programmatic launch), so each
-/// run starts as it would after an unrelated operation, without the programmatic overlap with
-/// the run before it that a graph of back-to-back runs gives. One larger than L2
+/// What precedes each timed run of a separated timing, so that each run starts as it would after
+/// an unrelated operation, without the programmatic overlap with the run before it that a graph
+/// of back-to-back runs gives. A copy is a graph node that no launch overlaps; a read is a kernel
+/// that never signals its dependents early, so a run launched with programmatic launch may start
+/// only as the read's last CTAs exit, as after any such kernel. One larger than L2
 /// ([`COLD_L2_SEPARATOR_BYTES`]) also leaves L2 holding none of the run's data, as in a model
 /// whose other layers run between two decodes of one layer; back to back, the lines a run
 /// leaves in L2 serve the next one.
