@@ -255,7 +255,7 @@ pub fn time_plan<T: Element, C: ProblemCache>(
 /// A [`Separator`] ready to launch: its buffers, and its kernel for a read.
 enum SeparatorOp {
     Copy { src: CudaSlice<u8>, dst: CudaSlice<u8> },
-    Read { src: CudaSlice<u8>, kernel: CudaFunction, sink: CudaSlice<u32> },
+    Read { src: CudaSlice<u8>, kernel: ReadKernel },
 }
 
 impl SeparatorOp {
@@ -265,33 +265,16 @@ impl SeparatorOp {
             Separator::Copy(bytes) => {
                 SeparatorOp::Copy { src: stream.alloc_zeros(bytes)?, dst: stream.alloc_zeros(bytes)? }
             }
-            Separator::Read(bytes) => SeparatorOp::Read {
-                src: stream.alloc_zeros(bytes)?,
-                kernel: read_bandwidth_kernel(device)?,
-                sink: stream.alloc_zeros(1)?,
-            },
+            Separator::Read(bytes) => {
+                SeparatorOp::Read { src: stream.alloc_zeros(bytes)?, kernel: ReadKernel::load(device)? }
+            }
         })
     }
 
     fn launch(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         match self {
             SeparatorOp::Copy { src, dst } => stream.memcpy_dtod(src, dst)?,
-            SeparatorOp::Read { src, kernel, sink } => {
-                let chunks = (src.len() / 16) as u64;
-                let sentinel = 0x9E37_79B9u32;
-                let cfg =
-                    LaunchConfig { grid_dim: (1024, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: reads `chunks` 16-byte chunks of `src`, writes at most one u32 to `sink`.
-                unsafe {
-                    stream
-                        .launch_builder(kernel)
-                        .arg(&*src)
-                        .arg(&chunks)
-                        .arg(&sentinel)
-                        .arg(sink)
-                        .launch(cfg)?
-                };
-            }
+            SeparatorOp::Read { src, kernel } => kernel.launch(stream, src)?,
         }
         Ok(())
     }
@@ -333,25 +316,15 @@ pub fn read_ceiling(device: &Device) -> Result<f64> {
     let stream = &device.stream;
     let bytes: usize = 2 << 30;
     let src = stream.alloc_zeros::<u8>(bytes)?;
-    let mut sink = stream.alloc_zeros::<u32>(1)?;
-    let f = read_bandwidth_kernel(device)?;
-    let sms = DeviceProps::query(&device.ctx)?.sm_count;
-    let cfg = LaunchConfig { grid_dim: (sms * 4, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let chunks = (bytes / 16) as u64;
-    let sentinel = 0x9E37_79B9u32;
-    let launch = |sink: &mut cudarc::driver::CudaSlice<u32>| -> Result<()> {
-        // SAFETY: reads `chunks` 16-byte chunks of `src`, writes at most one u32 to `sink`.
-        unsafe { stream.launch_builder(&f).arg(&src).arg(&chunks).arg(&sentinel).arg(sink).launch(cfg)? };
-        Ok(())
-    };
-    launch(&mut sink)?;
+    let mut kernel = ReadKernel::load(device)?;
+    kernel.launch(stream, &src)?;
     let start = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let stop = device.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let mut samples = Vec::new();
     for _ in 0..20 {
         start.record(stream)?;
         for _ in 0..CEILING_LAUNCHES {
-            launch(&mut sink)?;
+            kernel.launch(stream, &src)?;
         }
         stop.record(stream)?;
         stop.synchronize()?;
@@ -361,16 +334,45 @@ pub fn read_ceiling(device: &Device) -> Result<f64> {
     Ok(median(&mut samples))
 }
 
-/// The `read_bandwidth` entry of the PTX build the device loads, as a module of its own
-/// ([`ptx::EntryModules`]; the library's module cache is private to it).
-fn read_bandwidth_kernel(device: &Device) -> Result<CudaFunction> {
-    let cc = DeviceProps::query(&device.ctx)?.compute_capability;
-    let build = ptx::entry_modules(ptx::build_for(cc));
-    let source = build.module(ptx::entry::READ_BANDWIDTH).ok_or_else(|| {
-        Error::Unsupported(format!("entry point {} is not in the PTX build", ptx::entry::READ_BANDWIDTH))
-    })?;
-    let module = device.ctx.load_module(Ptx::from_src(source))?;
-    Ok(module.load_function(ptx::entry::READ_BANDWIDTH)?)
+/// The `read_bandwidth` entry of the PTX build the device loads (as a module of its own:
+/// [`ptx::EntryModules`]; the library's module cache is private to it), and the word it writes
+/// only if its checksum matches a sentinel, so that its reads cannot be optimized away.
+struct ReadKernel {
+    function: CudaFunction,
+    sink: CudaSlice<u32>,
+    /// Four CTAs per SM.
+    grid: u32,
+}
+
+impl ReadKernel {
+    fn load(device: &Device) -> Result<Self> {
+        let props = DeviceProps::query(&device.ctx)?;
+        let build = ptx::entry_modules(ptx::build_for(props.compute_capability));
+        let source = build.module(ptx::entry::READ_BANDWIDTH).ok_or_else(|| {
+            Error::Unsupported(format!("entry point {} is not in the PTX build", ptx::entry::READ_BANDWIDTH))
+        })?;
+        let module = device.ctx.load_module(Ptx::from_src(source))?;
+        let function = module.load_function(ptx::entry::READ_BANDWIDTH)?;
+        Ok(ReadKernel { function, sink: device.stream.alloc_zeros(1)?, grid: props.sm_count * 4 })
+    }
+
+    /// Reads all of `src` (whole 16-byte chunks).
+    fn launch(&mut self, stream: &Arc<CudaStream>, src: &CudaSlice<u8>) -> Result<()> {
+        let chunks = (src.len() / 16) as u64;
+        let sentinel = 0x9E37_79B9u32;
+        let cfg = LaunchConfig { grid_dim: (self.grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: reads `chunks` 16-byte chunks of `src`, writes at most one u32 to `sink`.
+        unsafe {
+            stream
+                .launch_builder(&self.function)
+                .arg(src)
+                .arg(&chunks)
+                .arg(&sentinel)
+                .arg(&mut self.sink)
+                .launch(cfg)?
+        };
+        Ok(())
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {

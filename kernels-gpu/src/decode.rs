@@ -65,10 +65,10 @@
 //!   and confirm it right after the wait by reading its entries again, beside the loads of the
 //!   chunk's first page ids, which are parked before the CTA's vote on the guess
 //!   ([`crate::partition::find_chunk_guessing`]); their first copies go under the default L2
-//!   policy. Q, K/V and every write come after the wait either way. The dependents' launch is allowed right after
-//!   the wait. A CTA that finds no chunk also ends only after the wait, so that its slot is not
-//!   taken by the next launch while this kernel's CTAs still run, and so that the grid never
-//!   completes before the kernel it depends on.
+//!   policy. Q, K/V and every write come after the wait either way. The dependents' launch is
+//!   allowed right after the wait. A CTA that finds no chunk also ends only after the wait, so
+//!   that its slot is not taken by the next launch while this kernel's CTAs still run, and so
+//!   that the grid never completes before the kernel it depends on.
 //! - Page ids and `indptr` are clamped into their arrays, so a corrupt page table yields
 //!   unspecified values but never an out-of-bounds access.
 
