@@ -1,5 +1,6 @@
-//! `bench`'s timing modes on the command line: each separator flag is accepted alone, and two at
-//! once are refused as a usage error (clap's exit status 2) before any device work.
+//! `bench`'s timing modes on the command line: each separator flag is accepted alone or with
+//! `--after-append`, and two separators at once are refused as a usage error (clap's exit status
+//! 2) before any device work.
 
 use std::process::{Command, Output};
 
@@ -20,7 +21,15 @@ fn text(out: &Output) -> String {
 
 #[test]
 fn each_separator_flag_parses() {
-    for flag in [&[][..], &["--separated"], &["--cold-l2"], &["--clean-l2"]] {
+    for flag in [
+        &[][..],
+        &["--separated"],
+        &["--cold-l2"],
+        &["--clean-l2"],
+        &["--after-append"],
+        &["--clean-l2", "--after-append"],
+        &["--separated", "--after-append"],
+    ] {
         let out = bench(flag);
         let text = text(&out);
         assert!(!text.contains("panicked"), "bench {flag:?} panicked:\n{text}");

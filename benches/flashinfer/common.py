@@ -16,6 +16,11 @@ operation instead of the call before it. PAGED_DECODE_SEPARATOR_BYTES sets the c
 134217728 (128 MiB, as `paged-decode bench --cold-l2`) leaves L2 holding none of the call's data.
 PAGED_DECODE_SEPARATOR_KIND=read makes the separator a read of that many bytes (a sum: L2 left
 holding clean lines, as `paged-decode bench --clean-l2`) instead of a copy.
+
+PAGED_DECODE_AFTER_APPEND=1 (as `paged-decode bench --after-append`): each timed call is preceded
+(after its separator, if any) by FlashInfer's `append_paged_kv_cache` of one token per non-empty
+request, overwriting the request's last token in place, as a serving step appends the new token
+before the decode; a graph of the appends (and separators) alone is timed and subtracted.
 """
 import json
 import math
@@ -52,9 +57,34 @@ def load_shapes(path):
     return shapes
 
 
-def graph_time_us(fn):
+def graph_time_us(fn, append=None):
     """Microseconds per call of `fn`: CALLS_PER_GRAPH calls in one CUDA graph, median of REPLAYS;
-    with PAGED_DECODE_SEPARATED=1, each call after a copy, less the copies' own time."""
+    with PAGED_DECODE_SEPARATED=1, each call after a copy, and with PAGED_DECODE_AFTER_APPEND=1
+    after `append` (a callable), less the time of those alone."""
+    if os.environ.get("PAGED_DECODE_AFTER_APPEND") == "1":
+        if append is None:
+            raise ValueError("PAGED_DECODE_AFTER_APPEND=1 needs the problem's append step")
+        separator = _separator()
+        before = (lambda: (separator(), append())) if separator else append
+
+        def after_append():
+            before()
+            fn()
+
+        return _graph_time_us(after_append) - _graph_time_us(before)
+    separator = _separator()
+    if separator:
+
+        def separated():
+            separator()
+            fn()
+
+        return _graph_time_us(separated) - _graph_time_us(separator)
+    return _graph_time_us(fn)
+
+
+def _separator():
+    """The operation PAGED_DECODE_SEPARATED=1 puts before each call, or None."""
     if os.environ.get("PAGED_DECODE_SEPARATED") == "1":
         size = int(os.environ.get("PAGED_DECODE_SEPARATOR_BYTES", SEPARATOR_BYTES))
         if os.environ.get("PAGED_DECODE_SEPARATOR_KIND", "copy") == "read":
@@ -64,13 +94,8 @@ def graph_time_us(fn):
             src = torch.zeros(size, dtype=torch.uint8, device=DEV)
             dst = torch.empty_like(src)
             copy = lambda: dst.copy_(src)  # contiguous, same type: one cudaMemcpyAsync
-
-        def separated():
-            copy()
-            fn()
-
-        return _graph_time_us(separated) - _graph_time_us(copy)
-    return _graph_time_us(fn)
+        return copy
+    return None
 
 
 def _graph_time_us(fn):
@@ -119,6 +144,22 @@ class Problem:
         self.last_page_len = torch.tensor(
             [n - (p - 1) * page for n, p in zip(self.lens, self.pages)], dtype=torch.int32, device=DEV)
         self.q = torch.randn(len(self.lens), shape["hq"], d, dtype=dtype, device=DEV)
+
+    def append_step(self, flashinfer):
+        """A callable appending one zero token per non-empty request with FlashInfer's
+        `append_paged_kv_cache`, at the request's last position (its current last token, which
+        the page table already counts), in the store's own dtype."""
+        s = self.shape
+        requests = [b for b, n in enumerate(self.lens) if n > 0]
+        if not requests:
+            return lambda: None
+        rows = torch.zeros(len(requests), s["hkv"], s["d"], dtype=DTYPES[s["dtype"]], device=DEV).to(self.k.dtype)
+        batch_indices = torch.tensor(requests, dtype=torch.int32, device=DEV)
+        positions = torch.tensor([self.lens[b] - 1 for b in requests], dtype=torch.int32, device=DEV)
+        layout = "NHD" if self.nhd else "HND"
+        return lambda: flashinfer.append_paged_kv_cache(
+            rows, rows, batch_indices, positions, (self.k, self.v), self.indices, self.indptr,
+            self.last_page_len, kv_layout=layout)
 
     @property
     def nhd(self):

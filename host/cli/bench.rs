@@ -16,8 +16,9 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::{
-    AttentionVariantDescriptor, BatchPagedDecodePlan, Device, Element, Error, KvLayout, PlanPreference,
-    Result, StablePageTable, ptx,
+    AttentionVariantDescriptor, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, Element, Error,
+    KvLayout, PagedKvAppendDescriptor, PagedKvAppendPlan, PlanPreference, Result, StablePageTable, Workspace,
+    ptx,
 };
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +170,9 @@ pub struct BenchOptions {
     /// Each timed call after an unrelated operation instead of after the call before
     /// ([`GraphTiming::separator`]).
     pub separator: Option<Separator>,
+    /// Each timed call right after the append of one token per request, as in a serving step
+    /// ([`GraphTiming::after_append`]).
+    pub after_append: bool,
 }
 
 /// How [`time_plan`] times: `calls` runs captured in one CUDA graph, the median of `replays`
@@ -182,6 +186,12 @@ pub struct GraphTiming {
     /// Each run preceded by this operation, whose own time (a graph of the separators alone)
     /// is subtracted; `None`: each run after the one before.
     pub separator: Option<Separator>,
+    /// Each run preceded (after its separator) by our append of one token per request into the
+    /// store it reads ([`PagedKvAppendPlan`], a plain launch), as a serving step appends the new
+    /// token before the decode; the appends' own time (a graph of them alone, after their
+    /// separators) is subtracted. The append overwrites each request's last token in place (the
+    /// page table already counts it), so every replay reads the same lengths.
+    pub after_append: bool,
 }
 
 /// What precedes each timed run of a separated timing, so that each run starts as it would after
@@ -204,7 +214,8 @@ pub enum Separator {
 
 impl GraphTiming {
     /// 20 back-to-back runs per graph, the median of 15 replays: FlashInfer's harness's method.
-    pub const BACK_TO_BACK: GraphTiming = GraphTiming { calls: 20, replays: 15, separator: None };
+    pub const BACK_TO_BACK: GraphTiming =
+        GraphTiming { calls: 20, replays: 15, separator: None, after_append: false };
 }
 
 /// Bytes of the copy before each run of a separated timing ([`GraphTiming::separator`]) by
@@ -238,18 +249,57 @@ pub fn time_plan<T: Element, C: ProblemCache>(
         Some(kind) => Some(SeparatorOp::new(device, kind)?),
         None => None,
     };
-    let with_runs = time_graph(device, timing, || {
+    let append =
+        if timing.after_append { Some(AppendStep::<T, C>::new(stream, plan.descriptor())?) } else { None };
+    let mut before_run = |dev: &mut DeviceProblem<T, C>| -> Result<()> {
         if let Some(op) = separator.as_mut() {
             op.launch(stream)?;
         }
+        match &append {
+            Some(step) => step.launch(stream, dev, scales),
+            None => Ok(()),
+        }
+    };
+    let with_runs = time_graph(device, timing, || {
+        before_run(dev)?;
         let (mut args, mut ws) = dev.args_and_workspace();
         plan.run_scaled(stream, &mut ws, &mut args, scales)
     })?;
-    let copies = match separator.as_mut() {
-        Some(op) => time_graph(device, timing, || op.launch(stream))?,
-        None => 0.0,
+    let before = if timing.separator.is_some() || timing.after_append {
+        time_graph(device, timing, || before_run(dev))?
+    } else {
+        0.0
     };
-    Ok(Timing { us: with_runs - copies })
+    Ok(Timing { us: with_runs - before })
+}
+
+/// The append of [`GraphTiming::after_append`]: our append plan for the decode's store, and one
+/// zero token row per request and KV head for both K and V.
+struct AppendStep<T: Element, C: ProblemCache> {
+    plan: PagedKvAppendPlan<T, C>,
+    rows: CudaSlice<T>,
+}
+
+impl<T: Element, C: ProblemCache> AppendStep<T, C> {
+    fn new(stream: &Arc<CudaStream>, decode: &BatchPagedDecodeDescriptor) -> Result<Self> {
+        let desc = PagedKvAppendDescriptor { batch_size: decode.batch_size, paged_kv: decode.paged_kv };
+        let plan = PagedKvAppendPlan::<T, C>::select(stream, &desc, PlanPreference::default())?;
+        let kv = &decode.paged_kv;
+        let len =
+            decode.batch_size.max(0) as usize * kv.num_kv_heads.max(0) as usize * kv.head_dim.max(0) as usize;
+        Ok(Self { plan, rows: stream.alloc_zeros(len.max(1))? })
+    }
+
+    /// Appends the zero rows into `dev`'s store, quantized with `scales` for an 8-bit one.
+    fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        dev: &mut DeviceProblem<T, C>,
+        scales: paged_decode::KvScales,
+    ) -> Result<()> {
+        let mut args = dev.append_args(&self.rows, &self.rows);
+        self.plan.run_scaled(stream, &mut Workspace::none(), &mut args, scales)
+    }
 }
 
 /// A [`Separator`] ready to launch: its buffers, and its kernel for a read.
@@ -423,7 +473,7 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     } else {
         None
     };
-    let timing = GraphTiming { separator, ..GraphTiming::BACK_TO_BACK };
+    let timing = GraphTiming { separator, after_append: opts.after_append, ..GraphTiming::BACK_TO_BACK };
     let t = time_plan(device, &plan, &mut dev, host.scales, timing)?;
     let tb_s = spec.bytes_moved(T::KIND, C::CACHE_KIND, variant.window_left) as f64 / (t.us * 1e-6) / 1e12;
     Ok(BenchRow {
@@ -472,8 +522,9 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
     };
     let ceiling = read_ceiling(&device)?;
     // SAFETY: every graph this benchmark times holds only the plan's own decode launches, which
-    // write `o`, `lse` and the workspace but never the page table; the run before them is
-    // preceded by the uploads (copies).
+    // write `o`, `lse` and the workspace but never the page table, and with `after_append` our
+    // appends, which write K/V but never the page table either; the run before them is preceded
+    // by the uploads (copies).
     let stable_page_table = opts.stable_page_table.then(|| unsafe { StablePageTable::promise() });
     let pref = PlanPreference {
         programmatic_launch: opts.programmatic_launch,

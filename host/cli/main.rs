@@ -125,6 +125,13 @@ enum Command {
         /// PAGED_DECODE_SEPARATOR_KIND=read).
         #[arg(long, conflicts_with_all = ["separated", "cold_l2"])]
         clean_l2: bool,
+        /// Precede each timed call (after its separator, if one is named) by our append of one
+        /// token per request into the same store, as a serving step appends the new token before
+        /// the decode, and subtract the appends' own time (a graph of them alone): the decode's
+        /// share of the step, with what it overlaps of the append (FlashInfer's harness:
+        /// PAGED_DECODE_AFTER_APPEND=1, with FlashInfer's append).
+        #[arg(long)]
+        after_append: bool,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -186,6 +193,7 @@ fn main() -> ExitCode {
             separated,
             cold_l2,
             clean_l2,
+            after_append,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -209,6 +217,7 @@ fn main() -> ExitCode {
             } else {
                 None
             },
+            after_append,
         }),
     };
     match result {
