@@ -11,7 +11,6 @@ usage: bench.py SHAPES.json [--out FI.json] [--check]
 FI.json: [{name, bytes, cuda_core_us, tensor_core_us, best_us, [*_relerr], [*_error]}]
 """
 import argparse
-import os
 import sys
 
 import torch
@@ -37,8 +36,7 @@ def time_path(problem, tensor_cores, check):
                      q_data_type=problem.q.dtype, kv_data_type=problem.k.dtype,
                      window_left=problem.window_left, logits_soft_cap=s.get("soft_cap"))
         out = torch.empty_like(problem.q)
-        append = problem.append_step(flashinfer) if os.environ.get("PAGED_DECODE_AFTER_APPEND") == "1" else None
-        row = {f"{key}_us": graph_time_us(lambda: wrapper.run(problem.q, (problem.k, problem.v), out=out), append)}
+        row = {f"{key}_us": graph_time_us(lambda: wrapper.run(problem.q, (problem.k, problem.v), out=out), problem)}
         if check:
             err = problem.max_rel_err(out)
             row[f"{key}_relerr"] = err

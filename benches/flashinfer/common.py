@@ -57,30 +57,32 @@ def load_shapes(path):
     return shapes
 
 
-def graph_time_us(fn, append=None):
+def graph_time_us(fn, problem=None):
     """Microseconds per call of `fn`: CALLS_PER_GRAPH calls in one CUDA graph, median of REPLAYS;
-    with PAGED_DECODE_SEPARATED=1, each call after a copy, and with PAGED_DECODE_AFTER_APPEND=1
-    after `append` (a callable), less the time of those alone."""
-    if os.environ.get("PAGED_DECODE_AFTER_APPEND") == "1":
-        if append is None:
-            raise ValueError("PAGED_DECODE_AFTER_APPEND=1 needs the problem's append step")
-        separator = _separator()
-        before = (lambda: (separator(), append())) if separator else append
+    with PAGED_DECODE_SEPARATED=1 each call after a separator, and with
+    PAGED_DECODE_AFTER_APPEND=1 after `problem`'s append step, less the time of those alone."""
+    before = [op for op in (_separator(), _append(problem)) if op]
+    if not before:
+        return _graph_time_us(fn)
 
-        def after_append():
-            before()
-            fn()
+    def before_call():
+        for op in before:
+            op()
 
-        return _graph_time_us(after_append) - _graph_time_us(before)
-    separator = _separator()
-    if separator:
+    def call():
+        before_call()
+        fn()
 
-        def separated():
-            separator()
-            fn()
+    return _graph_time_us(call) - _graph_time_us(before_call)
 
-        return _graph_time_us(separated) - _graph_time_us(separator)
-    return _graph_time_us(fn)
+
+def _append(problem):
+    """The append PAGED_DECODE_AFTER_APPEND=1 puts before each call (after the separator), or None."""
+    if os.environ.get("PAGED_DECODE_AFTER_APPEND") != "1":
+        return None
+    if problem is None:
+        raise ValueError("PAGED_DECODE_AFTER_APPEND=1 needs the problem to append to")
+    return problem.append_step()
 
 
 def _separator():
@@ -145,14 +147,16 @@ class Problem:
             [n - (p - 1) * page for n, p in zip(self.lens, self.pages)], dtype=torch.int32, device=DEV)
         self.q = torch.randn(len(self.lens), shape["hq"], d, dtype=dtype, device=DEV)
 
-    def append_step(self, flashinfer):
+    def append_step(self):
         """A callable appending one zero token per non-empty request with FlashInfer's
         `append_paged_kv_cache`, at the request's last position (its current last token, which
-        the page table already counts), in the store's own dtype."""
+        the page table already counts), in the store's own dtype; None when no request has one."""
+        import flashinfer
+
         s = self.shape
         requests = [b for b, n in enumerate(self.lens) if n > 0]
         if not requests:
-            return lambda: None
+            return None
         rows = torch.zeros(len(requests), s["hkv"], s["d"], dtype=DTYPES[s["dtype"]], device=DEV).to(self.k.dtype)
         batch_indices = torch.tensor(requests, dtype=torch.int32, device=DEV)
         positions = torch.tensor([self.lens[b] - 1 for b in requests], dtype=torch.int32, device=DEV)
