@@ -11,6 +11,13 @@
 //! quantizing it 8 elements at a time into an 8-bit store. The rows are stored with relaxed
 //! GPU-scope stores: two requests of a corrupt table that append to one slot do not race, and
 //! each 4-byte word of the slot ends up one of the two tokens'.
+//!
+//! Programmatic dependent launch (sm_90 build): each CTA allows the next kernel's launch first
+//! thing, so that a decode launched programmatically after the append starts its CTAs (up to
+//! their `griddepcontrol.wait`, which still waits for the whole append and its writes) as the
+//! append's last CTAs run, as it does after the decode before it. The append writes K/V only,
+//! never the page table, so a decode reading its page table before the wait reads no value the
+//! append changes.
 
 use crate::element::MmaElem;
 use crate::fp8::{Fp8Layout, f32_to_fp8};
@@ -62,6 +69,7 @@ fn store_row_bytes(p: &AppendParams, page: u32, h: u32, slot: u32) -> usize {
 /// CTAs of 32 threads.
 #[inline(always)]
 pub unsafe fn append_token<T: Copy>(p: &AppendParams) {
+    allow_dependent_launch();
     let Some((dst, src_row)) = (unsafe { append_rows(p) }) else { return };
     let vectors = p.head_dim as usize * core::mem::size_of::<T>() / 16;
     let mut c = thread_idx() as usize;
@@ -85,6 +93,7 @@ pub unsafe fn append_token<T: Copy>(p: &AppendParams) {
 /// As [`append_token`], with the store of 8-bit codes.
 #[inline(always)]
 pub unsafe fn append_quantized<T: MmaElem>(p: &AppendParams, format: Fp8Layout) {
+    allow_dependent_launch();
     let Some((dst, src_row)) = (unsafe { append_rows(p) }) else { return };
     // 8 elements (16 bytes of T, 8 bytes of codes) per step.
     let steps = p.head_dim as usize / 8;
