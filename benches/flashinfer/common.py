@@ -148,21 +148,26 @@ class Problem:
         self.q = torch.randn(len(self.lens), shape["hq"], d, dtype=dtype, device=DEV)
 
     def append_step(self):
-        """A callable appending one zero token per non-empty request with FlashInfer's
+        """A callable appending one token per non-empty request with FlashInfer's
         `append_paged_kv_cache`, at the request's last position (its current last token, which
-        the page table already counts), in the store's own dtype; None when no request has one."""
+        the page table already counts), with that token's own K and V rows: the store keeps its
+        values, so the reference holds (a one-token request of zeros has no relative error);
+        None when no request has a token."""
         import flashinfer
 
-        s = self.shape
+        page = self.shape["page"]
         requests = [b for b, n in enumerate(self.lens) if n > 0]
         if not requests:
             return None
-        rows = torch.zeros(len(requests), s["hkv"], s["d"], dtype=DTYPES[s["dtype"]], device=DEV).to(self.k.dtype)
+        last = [self.lens[b] - 1 for b in requests]
+        pages = self.indices[[self.indptr[b].item() + n // page for b, n in zip(requests, last)]].long()
+        slots = torch.tensor([n % page for n in last], device=DEV)
+        k_rows, v_rows = ((t[pages, slots] if self.nhd else t[pages, :, slots]).contiguous() for t in (self.k, self.v))
         batch_indices = torch.tensor(requests, dtype=torch.int32, device=DEV)
-        positions = torch.tensor([self.lens[b] - 1 for b in requests], dtype=torch.int32, device=DEV)
+        positions = torch.tensor(last, dtype=torch.int32, device=DEV)
         layout = "NHD" if self.nhd else "HND"
         return lambda: flashinfer.append_paged_kv_cache(
-            rows, rows, batch_indices, positions, (self.k, self.v), self.indices, self.indptr,
+            k_rows, v_rows, batch_indices, positions, (self.k, self.v), self.indices, self.indptr,
             self.last_page_len, kv_layout=layout)
 
     @property
