@@ -545,6 +545,60 @@ fn whole_entries_of_every_element_and_head_dim() {
     }
 }
 
+/// A bound on the longest request (`set_max_kv_len`) picks the launch, never the results: under a
+/// bound of at most two tiles a split configuration runs the whole path, and must match the
+/// float64 reference there as on its split path without the bound, also when the bound is below
+/// the real lengths (its longer requests then run unsplit).
+fn max_kv_len_case<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    name: &str,
+    spec: &ProblemSpec,
+    bound: u32,
+) {
+    let host = HostProblem::<T, C>::random(spec).unwrap();
+    let r = host.reference().unwrap();
+    let mut plan =
+        BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+    let n = host.indices.len();
+    let what = format!("{name} {:?}/{:?}", T::KIND, C::CACHE_KIND);
+    let unbounded = plan.path(n);
+    assert!(unbounded.splits(), "{what}: expected a split path without the bound, got {}", unbounded.name());
+    let (o, lse) = run_scaled_poisoned(dev, &plan, &host);
+    let err = check(&format!("{what}, no bound"), &host.spec, &o, &lse, &r);
+    plan.set_max_kv_len(Some(bound));
+    assert_eq!(plan.max_kv_len(), Some(bound));
+    assert_eq!(plan.path(n), DecodePath::Whole, "{what}: a bound of {bound} tokens");
+    let (o, lse) = run_scaled_poisoned(dev, &plan, &host);
+    let bounded = check(&format!("{what}, bound {bound}"), &host.spec, &o, &lse, &r);
+    let longest = spec.lens.iter().max().copied().unwrap_or(0);
+    println!(
+        "{what}: {} without the bound (rel err {err:.2e}), whole under {bound} tokens (rel err {bounded:.2e}, longest {longest})",
+        unbounded.name()
+    );
+}
+
+#[test]
+fn max_kv_len_picks_the_path_not_the_results() {
+    let Some(dev) = device("max_kv_len_picks_the_path_not_the_results") else { return };
+    // 16 requests of 64 tokens (one standard tile at head_dim 128): the bound holds.
+    let uniform = ProblemSpec::uniform(16, 64, 32, 8, 128, 16);
+    max_kv_len_case::<f16, f16>(&dev, "16 x 64 tokens", &uniform, 64);
+    max_kv_len_case::<bf16, bf16>(&dev, "16 x 64 tokens", &uniform, 128);
+    // Head_dim 64 (tiles of 128 tokens), pages of 5: 12 requests of up to 256 tokens.
+    let d64 = with_lens(vec![256, 1, 200, 0, 130, 256, 17, 99, 256, 3, 240, 64], 32, 4, 64, 5);
+    max_kv_len_case::<f16, f16>(&dev, "12 requests of up to 256 tokens, d64", &d64, 256);
+    // A bound below the real lengths (two requests of 700 and 1500 tokens among short ones): the
+    // same outputs, the long requests unsplit.
+    let ragged =
+        with_lens(vec![0, 1, 17, 64, 128, 700, 3, 90, 1500, 33, 16, 127, 5, 64, 100, 2], 32, 8, 128, 16);
+    max_kv_len_case::<f16, f16>(&dev, "ragged, bound below the lengths", &ragged, 128);
+    max_kv_len_case::<bf16, bf16>(&dev, "ragged, bound below the lengths", &ragged, 16);
+    if runs_fp8(&dev, "max_kv_len_picks_the_path_not_the_results (8-bit caches)") {
+        max_kv_len_case::<f16, F8E4M3>(&dev, "16 x 64 tokens", &uniform, 64);
+        max_kv_len_case::<bf16, F8E5M2>(&dev, "ragged, bound below the lengths", &ragged, 100);
+    }
+}
+
 /// A batch of short requests over at least four lean waves with a heavy tail: the lean kernel
 /// over the scheduled partition, which cuts the long requests into chunks (the test fails if the
 /// rule stops taking it). Each case must match the float64 reference, and the rows of every

@@ -1194,6 +1194,44 @@ fn path_by_rule() {
     assert_eq!(split_of(128, 32, 8, 1024), (1, "scheduled"));
 }
 
+/// A bound on the longest request ([`DecodeConfig::path_within`]): the split and scheduled paths
+/// become the whole one while the bound keeps every request within two standard tiles (where the
+/// partition would not split any), and nothing else changes.
+#[test]
+fn path_within_a_bound_on_the_longest_request() {
+    let within = |b: i32, d: i32, table_tokens: usize, bound: Option<u32>| {
+        let desc = decode_desc(ElementKind::F16, b, 32, 8, d);
+        let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+        let unbounded = cfg.path(&desc, table_tokens / 16, Some(LEAN_MAX_AVG_TOKENS));
+        assert_eq!(cfg.path_within(&desc, table_tokens / 16, Some(LEAN_MAX_AVG_TOKENS), None), unbounded);
+        (unbounded.name(), cfg.path_within(&desc, table_tokens / 16, Some(LEAN_MAX_AVG_TOKENS), bound).name())
+    };
+    // 16 requests of 64 and 128 tokens at head_dim 128 (tiles of 64): split unbounded, whole
+    // under a bound of up to 128 tokens, split above it.
+    assert_eq!(within(16, 128, 16 * 64, Some(64)), ("split", "whole"));
+    assert_eq!(within(16, 128, 16 * 128, Some(128)), ("split", "whole"));
+    assert_eq!(within(16, 128, 16 * 128, Some(129)), ("split", "split"));
+    assert_eq!(within(16, 128, 16 * 64, Some(0)), ("split", "whole"));
+    // Head_dim 64 (tiles of 128): up to 256 tokens.
+    assert_eq!(within(16, 64, 16 * 256, Some(256)), ("split", "whole"));
+    assert_eq!(within(16, 64, 16 * 256, Some(257)), ("split", "split"));
+    // The scheduled path (40 requests of 1k: three splits) as well; a bound that is too low
+    // for the table still only picks the path.
+    assert_eq!(within(40, 128, 40 * 1024, Some(100)), ("scheduled", "whole"));
+    assert_eq!(within(40, 128, 40 * 1024, Some(1024)), ("scheduled", "scheduled"));
+    // The lean, lean-scheduled and whole paths keep theirs.
+    assert_eq!(within(16, 128, 16 * 32, Some(32)), ("lean", "lean"));
+    assert_eq!(within(264, 128, 264 * 256, Some(100)), ("lean-scheduled", "lean-scheduled"));
+    assert_eq!(within(1, 128, 128, Some(128)), ("whole", "whole"));
+    // f32 (no tiles to keep whole: `unsplit_max_tokens` is 0) stays split under any bound but 0.
+    let desc = decode_desc(ElementKind::F32, 2, 32, 8, 128);
+    let cfg = DecodeConfig::choose(&desc, &H200, usize::MAX).unwrap();
+    let split = cfg.path(&desc, 2 * 4096 / 16, None);
+    assert_eq!(split, DecodePath::Split);
+    assert_eq!(cfg.path_within(&desc, 2 * 4096 / 16, None, Some(1)), DecodePath::Split);
+    assert_eq!(cfg.path_within(&desc, 2 * 4096 / 16, None, Some(0)), DecodePath::Whole);
+}
+
 /// The lean kernel over the scheduled partition: from four lean waves of unstacked CTAs, with
 /// four lean waves' worth of spare chunks (at least a quarter of a CTA slot's share of the
 /// tokens per chunk, so equal lengths stay whole), within the workspace limit, 16-bit caches only.

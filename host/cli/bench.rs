@@ -173,6 +173,9 @@ pub struct BenchOptions {
     /// Each timed call right after the append of one token per request, as in a serving step
     /// ([`GraphTiming::after_append`]).
     pub after_append: bool,
+    /// Give each plan the row's longest length as its bound
+    /// ([`BatchPagedDecodePlan::set_max_kv_len`]), as a serving step that knows its lengths.
+    pub max_kv_len: bool,
 }
 
 /// How [`time_plan`] times: `calls` runs captured in one CUDA graph, the median of `replays`
@@ -443,7 +446,10 @@ pub fn bench_shape<T: Element, C: ProblemCache>(
     let spec = ProblemSpec { indices_slack: opts.indices_slack, ..shape.spec()? };
     let host = HostProblem::<T, C>::random(&spec)?;
     let (variant, layout) = (shape.variant(), shape.kv_layout()?);
-    let plan = BatchPagedDecodePlan::<T, C>::select_variant(&device.stream, &host.desc, &variant, pref)?;
+    let mut plan = BatchPagedDecodePlan::<T, C>::select_variant(&device.stream, &host.desc, &variant, pref)?;
+    if opts.max_kv_len {
+        plan.set_max_kv_len(spec.lens.iter().max().and_then(|&len| u32::try_from(len).ok()));
+    }
     let mut dev = DeviceProblem::upload(&device.stream, &host, plan.workspace_size())?
         .with_layout(layout, &host.desc.paged_kv);
     let max_rel_err = if check {
@@ -538,7 +544,11 @@ pub fn run_cli(opts: &BenchOptions) -> std::result::Result<(), Box<dyn std::erro
         ..PlanPreference::default()
     };
     println!("device: {}; read ceiling (ld.global.nc, 2 GiB): {ceiling:.2} TB/s", device.name()?);
-    println!("launch: {}", launch_mode(&pref));
+    println!(
+        "launch: {}; {}",
+        launch_mode(&pref),
+        if opts.max_kv_len { "bound: each row's longest request" } else { "no bound on the longest request" }
+    );
     println!(
         "{:<28} {:>10} {:>8} {:>8} {:>7} {:>11} {:>9} {:>10}",
         "shape", "µs", "TB/s", "%ceil", "splits", "chunks", "path", "rel err"

@@ -743,6 +743,30 @@ impl DecodeConfig {
         }
     }
 
+    /// [`Self::path`] for a page table whose longest request holds at most `max_kv_len` tokens
+    /// (the caller's bound, [`BatchPagedDecodePlan::set_max_kv_len`](crate::BatchPagedDecodePlan::set_max_kv_len);
+    /// `None`: no bound). A bound of at most [`Self::unsplit_max_tokens`] turns the split and
+    /// scheduled paths into the whole one: their partition would keep every request in one
+    /// chunk anyway, so the whole kernel does the same work without the partition, the CTAs
+    /// left without a chunk and the workspace. Any bound gives the same results; one below the
+    /// real lengths only runs their requests unsplit.
+    pub fn path_within(
+        &self,
+        desc: &BatchPagedDecodeDescriptor,
+        num_indices: usize,
+        lean_max_avg_tokens: Option<u32>,
+        max_kv_len: Option<u32>,
+    ) -> DecodePath {
+        match self.path(desc, num_indices, lean_max_avg_tokens) {
+            DecodePath::Split | DecodePath::Scheduled
+                if max_kv_len.is_some_and(|len| u64::from(len) <= self.unsplit_max_tokens()) =>
+            {
+                DecodePath::Whole
+            }
+            path => path,
+        }
+    }
+
     /// Whether the split kernel's CTAs derive the partition themselves ([`DecodePath::Split`])
     /// rather than read the schedule kernel's ([`DecodePath::Scheduled`]): batches of up to
     /// `PARTITION_CACHED_BATCH` (32) requests, and spare-chunk partitions (no fixed splits) of
