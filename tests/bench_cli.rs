@@ -1,6 +1,6 @@
 //! `bench`'s timing modes on the command line: each separator flag is accepted alone or with
-//! `--after-append` (and `--no-max-kv-len` with either), and two separators at once are refused as a usage error (clap's exit status
-//! 2) before any device work.
+//! `--after-append` (and `--max-kv-len` with either), and two separators at once are refused as
+//! a usage error (clap's exit status 2) before any device work.
 
 use std::process::{Command, Output};
 
@@ -29,8 +29,8 @@ fn each_separator_flag_parses() {
         &["--after-append"],
         &["--clean-l2", "--after-append"],
         &["--separated", "--after-append"],
-        &["--no-max-kv-len"],
-        &["--clean-l2", "--after-append", "--no-max-kv-len"],
+        &["--max-kv-len"],
+        &["--clean-l2", "--after-append", "--max-kv-len"],
     ] {
         let out = bench(flag);
         let text = text(&out);

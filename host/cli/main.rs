@@ -132,11 +132,11 @@ enum Command {
         /// PAGED_DECODE_AFTER_APPEND=1, with FlashInfer's append).
         #[arg(long)]
         after_append: bool,
-        /// Leave the plans without the bound on the longest request that the bench gives them
-        /// by default (each row's longest length, `set_max_kv_len`), as a caller that does not
-        /// know it.
+        /// Give each plan its row's longest length as the bound on the longest request
+        /// (`set_max_kv_len`), as a serving step that knows it. Without it (the scoreboards) the
+        /// plan chooses from the descriptor and the page table's shape alone.
         #[arg(long)]
-        no_max_kv_len: bool,
+        max_kv_len: bool,
     },
     /// The scaling view: a table and a log–log SVG of µs per request and TB/s over a batch ×
     /// length grid (`benches/sweep-shapes.json`), ours and FlashInfer's, from saved results.
@@ -199,7 +199,7 @@ fn main() -> ExitCode {
             cold_l2,
             clean_l2,
             after_append,
-            no_max_kv_len,
+            max_kv_len,
         } => bench::run_cli(&bench::BenchOptions {
             shapes,
             json,
@@ -224,7 +224,7 @@ fn main() -> ExitCode {
                 None
             },
             after_append,
-            max_kv_len: !no_max_kv_len,
+            max_kv_len,
         }),
     };
     match result {
