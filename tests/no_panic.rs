@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use paged_decode::device::DeviceProps;
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::page_table::{PageTableRules, validate_append_table, validate_page_table};
-use paged_decode::plan::{DecodeConfig, DecodeKernel, LeanLaunch, MAX_SPLITS};
+use paged_decode::plan::{DecodeConfig, DecodeKernel, DecodePath, LeanLaunch, MAX_SPLITS};
 use paged_decode::reference::{self, AttentionVariant, KvScales, KvView, PageTable};
 use paged_decode::tensor::row_major_strides;
 use paged_decode::{
@@ -587,6 +587,16 @@ fn decode_config_case(cfg: DecodeConfig, desc: &BatchPagedDecodeDescriptor, num_
         let path = cfg.path(desc, num_indices, lean_bound);
         let partition = cfg.partition(desc, path);
         let _ = partition.launched_chunks(desc.batch_size.max(0) as u32, tokens);
+        // A bound on the longest request changes at most a split or scheduled path, to whole.
+        for max_kv_len in [None, Some(0), Some(1), Some(128), Some(u32::MAX)] {
+            let within = cfg.path_within(desc, num_indices, lean_bound, max_kv_len);
+            assert!(
+                within == path
+                    || (within == DecodePath::Whole
+                        && matches!(path, DecodePath::Split | DecodePath::Scheduled)),
+                "{path:?} under {max_kv_len:?}: {within:?}"
+            );
+        }
     }
     for n in [0, 1, 7, u32::MAX] {
         let r = cfg.with_lean_spare_chunks(desc, n);
