@@ -748,8 +748,8 @@ impl DecodeConfig {
     /// `None`: no bound). A bound of at most [`Self::unsplit_max_tokens`] turns the split and
     /// scheduled paths into the whole one: their partition would keep every request in one
     /// chunk anyway, so the whole kernel does the same work without the partition, the CTAs
-    /// left without a chunk and the workspace. Any bound gives the same results; one below the
-    /// real lengths only runs their requests unsplit.
+    /// left without a chunk and the workspace. Any bound gives correct results; one below the
+    /// real lengths only runs the longer requests unsplit.
     pub fn path_within(
         &self,
         desc: &BatchPagedDecodeDescriptor,
