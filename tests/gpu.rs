@@ -1061,6 +1061,83 @@ fn append_matches_reference_and_touches_nothing_else() {
     println!("append: f16/bf16/f32 × 4 geometries match the reference byte for byte");
 }
 
+/// A decode launched right after an append on the same stream, with nothing between them, sees
+/// the appended token: the append lets the decode's launch start first thing, and the decode
+/// must read K/V only after its wait. Each round appends new rows of a larger magnitude than the
+/// store's (a stale read of the old token moves the output far past the tolerance) and checks
+/// the decode against the float64 reference of the appended store, in the default launch and
+/// with the page-table promise (whose CTAs read the page table, and prefetch their first tiles
+/// into L2, before the wait; the append writes K/V only). The cases must take the lean, whole,
+/// split and scheduled paths.
+#[test]
+fn decode_right_after_an_append_sees_the_new_token() {
+    let Some(dev) = device("decode_right_after_an_append_sees_the_new_token") else { return };
+    fn case<T: Element + ProblemCache>(
+        dev: &Device,
+        spec: &ProblemSpec,
+        pref: PlanPreference,
+        seed: u64,
+    ) -> DecodePath {
+        let s = &dev.stream;
+        let mut host = HostProblem::<T>::random(spec).unwrap();
+        let plan = BatchPagedDecodePlan::<T>::select(s, &host.desc, pref).unwrap();
+        let desc = PagedKvAppendDescriptor { batch_size: host.desc.batch_size, paged_kv: host.desc.paged_kv };
+        let append = PagedKvAppendPlan::<T>::select(s, &desc, PlanPreference::default()).unwrap();
+        let mut buf = DeviceProblem::upload(s, &host, plan.workspace_size()).unwrap();
+        let path = plan.path(host.indices.len());
+        let what = format!("{:?} {} requests, {} path", T::KIND, spec.lens.len(), path.name());
+        let mut rng = Rng::new(seed);
+        let rows = spec.lens.len() * spec.num_kv_heads * spec.head_dim;
+        for round in 0..4 {
+            let key: Vec<T> = (0..rows).map(|_| T::from_f64(4.0 * rng.symmetric())).collect();
+            let value: Vec<T> = (0..rows).map(|_| T::from_f64(4.0 * rng.symmetric())).collect();
+            let (mut k, mut v) = (host.k_data.clone(), host.v_data.clone());
+            paged_decode::reference::append(&desc, &key, &value, &mut k, &mut v, host.page_table()).unwrap();
+            (host.k_data, host.v_data) = (k, v);
+            let r = host.reference().unwrap();
+            let (key_d, value_d) = (s.clone_htod(&key).unwrap(), s.clone_htod(&value).unwrap());
+            buf.poison_outputs(s).unwrap();
+            {
+                let mut args = buf.append_args(&key_d, &value_d);
+                append.run(s, &mut Workspace::none(), &mut args).unwrap();
+            }
+            {
+                let (mut args, mut ws) = buf.args_and_workspace();
+                plan.run(s, &mut ws, &mut args).unwrap();
+            }
+            let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
+            check(&format!("{what}, round {round}"), &host.spec, &o, &lse, &r);
+        }
+        path
+    }
+    // SAFETY: the only kernel before each decode here is the append, which writes K/V, never
+    // the page table.
+    let promise = PlanPreference {
+        stable_page_table: Some(unsafe { StablePageTable::promise() }),
+        ..PlanPreference::default()
+    };
+    let specs = [
+        ProblemSpec::uniform(8, 16, 32, 8, 128, 16),
+        ProblemSpec::uniform(1, 100, 32, 8, 128, 16),
+        ProblemSpec::uniform(1, 1000, 32, 8, 128, 16),
+        ProblemSpec::uniform(16, 64, 32, 8, 128, 16),
+        with_lens(vec![0, 1, 17, 2000, 64, 300, 5, 900], 32, 8, 128, 16),
+        ProblemSpec::uniform(40, 1000, 32, 8, 128, 16),
+    ];
+    let mut paths = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        for pref in [PlanPreference::default(), promise] {
+            paths.push(case::<f16>(&dev, spec, pref, 100 + i as u64));
+        }
+        paths.push(case::<bf16>(&dev, spec, PlanPreference::default(), 200 + i as u64));
+    }
+    for path in [DecodePath::Lean, DecodePath::Whole, DecodePath::Split, DecodePath::Scheduled] {
+        assert!(paths.contains(&path), "no case took the {} path: {paths:?}", path.name());
+    }
+    paths.dedup();
+    println!("a decode right after an append matched the appended store on every path ({paths:?})");
+}
+
 /// The checked option reports corrupt page tables as typed errors; the fast path stays in bounds.
 #[test]
 fn checked_mode_reports_bad_page_tables() {
