@@ -171,12 +171,12 @@ fn write_and_compare(options: &Options) -> Result<()> {
 fn summary() -> Result<()> {
     let tools = Tools::find(false);
     let report = report::build(&tools)?;
-    let names = ptx::entries(ptx::PTX);
     println!(
-        "{} entry points in the embedded PTX ({} bytes portable, {} bytes sm_90)",
-        names.len(),
-        ptx::PTX.len(),
-        ptx::PTX_SM90.len()
+        "{} entry points in the sm_90 PTX ({} bytes), {} in the portable build ({} bytes)",
+        ptx::entries(ptx::PTX_SM90).len(),
+        ptx::PTX_SM90.len(),
+        ptx::entries(ptx::PTX).len(),
+        ptx::PTX.len()
     );
     match &tools.ptxas {
         Some(path) => println!("ptxas: {}", path.display()),
@@ -192,16 +192,17 @@ fn summary() -> Result<()> {
 }
 
 fn resource_table(b80: &report::Build, b90: &report::Build) -> String {
+    let w = name_width(&[b80, b90]);
     let mut s = String::new();
-    let title = format!("{:<28} | {:^32} | {:^32}", "", "sm_80", "sm_90");
+    let title = format!("{:<w$} | {:^32} | {:^32}", "", "sm_80", "sm_90");
     let _ = writeln!(s, "{}", title.trim_end());
     let _ = writeln!(
         s,
-        "{:<28} | {:>5} {:>6} {:>6} {:>6} {:>5} | {:>5} {:>6} {:>6} {:>6} {:>5}",
+        "{:<w$} | {:>5} {:>6} {:>6} {:>6} {:>5} | {:>5} {:>6} {:>6} {:>6} {:>5}",
         "entry", "regs", "smem", "stack", "spill", "code", "regs", "smem", "stack", "spill", "code"
     );
-    for (e80, e90) in b80.entries.iter().zip(&b90.entries) {
-        let cols = |e: &EntryReport| match &e.resources {
+    for (name, e80, e90) in entries_by_name(b80, b90) {
+        let cols = |e: Option<&EntryReport>| match e.and_then(|e| e.resources.as_ref()) {
             Some(r) => format!(
                 "{:>5} {:>6} {:>6} {:>6} {:>4}K",
                 r.registers,
@@ -212,8 +213,12 @@ fn resource_table(b80: &report::Build, b90: &report::Build) -> String {
             ),
             None => format!("{:>32}", "-"),
         };
-        let _ = writeln!(s, "{:<28} | {} | {}", e80.entry, cols(e80), cols(e90));
+        let _ = writeln!(s, "{:<w$} | {} | {}", name, cols(e80), cols(e90));
     }
+    let _ = writeln!(
+        s,
+        "- where a build has no such entry (the portable build has no 8-bit cache or guessing entries)"
+    );
     let _ =
         writeln!(s, "smem is static shared memory; the decode kernels' is dynamic (see the occupancy table)");
     let _ = writeln!(s, "code is the entry's machine code in KiB (without the subroutines it calls)");
@@ -222,39 +227,43 @@ fn resource_table(b80: &report::Build, b90: &report::Build) -> String {
 
 /// One row per entry and run of launches with the same occupancy on both architectures.
 fn occupancy_table(b80: &report::Build, b90: &report::Build) -> String {
+    let w = name_width(&[b80, b90]);
     let mut s = String::new();
     let _ =
         writeln!(s, "occupancy per SM of the launch configurations the plan uses (CTAs, warps, limited by):");
     let _ = writeln!(
         s,
-        "{:<28} {:<13} {:>7} {:>15} | {:<34} | sm_90",
+        "{:<w$} {:<13} {:>7} {:>15} | {:<34} | sm_90",
         "entry", "launch", "threads", "dyn smem", "sm_80"
     );
-    for (e80, e90) in b80.entries.iter().zip(&b90.entries) {
-        let pairs: Vec<_> = e80.launches.iter().zip(&e90.launches).collect();
+    for (name, e80, e90) in entries_by_name(b80, b90) {
+        let pairs = launches_by_label(e80, e90);
         if pairs.is_empty() {
-            let _ = writeln!(s, "{:<28} launch configuration unknown", e80.entry);
+            let _ = writeln!(s, "{name:<w$} launch configuration unknown");
         }
-        for run in pairs.chunk_by(|a, b| a.0.occupancy == b.0.occupancy && a.1.occupancy == b.1.occupancy) {
+        let same = |a: &LaunchPair, b: &LaunchPair| {
+            occupancy_of(a.1) == occupancy_of(b.1) && occupancy_of(a.2) == occupancy_of(b.2)
+        };
+        for run in pairs.chunk_by(same) {
             let (first, last) = (run[0].0, run[run.len() - 1].0);
             let span = |f: fn(&report::LaunchReport) -> String| {
                 if run.len() == 1 { f(first) } else { format!("{}..{}", f(first), f(last)) }
             };
             let label = span(|l| l.label.clone()).replace("..q_tiles=", "..");
             let smem = span(|l| l.dynamic_smem_bytes.to_string());
-            let occupancy = |l: &report::LaunchReport| match &l.occupancy {
+            let occupancy = |l: Option<&report::LaunchReport>| match occupancy_of(l) {
                 Some(o) => format!("{:>2} {:>3}  {}", o.ctas_per_sm, o.warps_per_sm, o.limited_by),
                 None => "-".into(),
             };
             let _ = writeln!(
                 s,
-                "{:<28} {:<13} {:>7} {:>15} | {:<34} | {}",
-                e80.entry,
+                "{:<w$} {:<13} {:>7} {:>15} | {:<34} | {}",
+                name,
                 label,
                 first.threads,
                 smem,
-                occupancy(run[0].0),
-                occupancy(run[0].1)
+                occupancy(run[0].1),
+                occupancy(run[0].2)
             );
         }
     }
@@ -265,16 +274,57 @@ fn occupancy_table(b80: &report::Build, b90: &report::Build) -> String {
     s
 }
 
+/// Width of the entry-name column: the longest name of `builds`.
+fn name_width(builds: &[&report::Build]) -> usize {
+    builds.iter().flat_map(|b| &b.entries).map(|e| e.entry.len()).max().unwrap_or(0).max("entry".len())
+}
+
+/// Every entry of either build by name, in the sm_90 build's order (it holds every entry; one
+/// only the portable build had would follow), with its report in each build where it has one.
+fn entries_by_name<'r>(
+    b80: &'r report::Build,
+    b90: &'r report::Build,
+) -> Vec<(&'r str, Option<&'r EntryReport>, Option<&'r EntryReport>)> {
+    let find = |b: &'r report::Build, name: &str| b.entries.iter().find(|e| e.entry == name);
+    let in_90 = b90.entries.iter().map(|e| (e.entry.as_str(), find(b80, &e.entry), Some(e)));
+    let only_80 = b80
+        .entries
+        .iter()
+        .filter(|e| find(b90, &e.entry).is_none())
+        .map(|e| (e.entry.as_str(), Some(e), None));
+    in_90.chain(only_80).collect()
+}
+
+/// A launch configuration of one entry: how either build describes it, and its report in the
+/// portable and the sm_90 build.
+fn occupancy_of(launch: Option<&report::LaunchReport>) -> Option<&occupancy::Occupancy> {
+    launch.and_then(|l| l.occupancy.as_ref())
+}
+
+type LaunchPair<'r> =
+    (&'r report::LaunchReport, Option<&'r report::LaunchReport>, Option<&'r report::LaunchReport>);
+
+/// The launch configurations of an entry in either build, matched by label, in the order of the
+/// build that lists more of them.
+fn launches_by_label<'r>(e80: Option<&'r EntryReport>, e90: Option<&'r EntryReport>) -> Vec<LaunchPair<'r>> {
+    let launches = |e: Option<&'r EntryReport>| e.map_or(&[][..], |e| &e.launches[..]);
+    let (l80, l90) = (launches(e80), launches(e90));
+    let by_label = |ls: &'r [report::LaunchReport], label: &str| ls.iter().find(|l| l.label == label);
+    let order = if l90.len() >= l80.len() { l90 } else { l80 };
+    order.iter().map(|l| (l, by_label(l80, &l.label), by_label(l90, &l.label))).collect()
+}
+
 fn mix_table(build: &report::Build) -> String {
+    let w = name_width(&[build]);
     let mut s = String::new();
     let _ = writeln!(s, "{} PTX instruction mix (`--entry NAME` for widths and SASS):", build.arch);
-    let mut header = format!("{:<28}", "entry");
+    let mut header = format!("{:<w$}", "entry");
     for (_, title) in mix::SUMMARY {
         let _ = write!(header, " {title:>6}");
     }
     let _ = writeln!(s, "{header}");
     for e in &build.entries {
-        let mut row = format!("{:<28}", e.entry);
+        let mut row = format!("{:<w$}", e.entry);
         for (family, _) in mix::SUMMARY {
             let _ = write!(row, " {:>6}", mix::family_count(&e.ptx_mix, family));
         }
@@ -384,4 +434,74 @@ fn source_view(entry: &str, options: &Options) -> Result<()> {
     let title = format!("{entry} ({} SASS{scope})", options.arch);
     print!("{}", source::render(&title, &source::sass_items(code, &info), region.as_deref(), true));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use report::{Build, LaunchReport, Resources};
+
+    fn entry(name: &str, registers: u32, labels: &[&str]) -> EntryReport {
+        let resources = Resources {
+            registers,
+            static_smem_bytes: 0,
+            stack_frame_bytes: 0,
+            spill_store_bytes: 0,
+            spill_load_bytes: 0,
+            code_bytes: 2048,
+        };
+        let launch = |label: &&str| LaunchReport {
+            label: label.to_string(),
+            threads: 128,
+            dynamic_smem_bytes: 1024,
+            occupancy: Some(occupancy::Occupancy {
+                ctas_per_sm: registers / 10,
+                warps_per_sm: 4 * (registers / 10),
+                limited_by: "registers".into(),
+            }),
+        };
+        EntryReport {
+            entry: name.into(),
+            resources: Some(resources),
+            launches: labels.iter().map(launch).collect(),
+            ptx_mix: [("total".to_string(), 1)].into(),
+            sass_mix: None,
+        }
+    }
+
+    fn build(arch: &str, entries: Vec<EntryReport>) -> Build {
+        Build { arch: arch.into(), entries }
+    }
+
+    /// The sm_90 build has entries the portable one lacks, ahead of shared ones: each row is
+    /// one entry's numbers from both builds, never another entry's.
+    #[test]
+    fn the_tables_match_entries_and_launches_by_name() {
+        let b80 = build("sm_80", vec![entry("shared", 40, &["q_tiles=1", "q_tiles=2"])]);
+        let b90 = build(
+            "sm_90",
+            vec![
+                entry("sm90_only_entry_with_a_long_name", 70, &["q_tiles=1"]),
+                entry("shared", 50, &["q_tiles=2"]),
+            ],
+        );
+        let rows = entries_by_name(&b80, &b90);
+        let names: Vec<_> = rows.iter().map(|(n, a, b)| (*n, a.is_some(), b.is_some())).collect();
+        assert_eq!(names, [("sm90_only_entry_with_a_long_name", false, true), ("shared", true, true)]);
+
+        let resources = resource_table(&b80, &b90);
+        let row = |text: &str, name: &str| text.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        let shared = row(&resources, "shared ");
+        assert!(shared.contains("|    40 ") && shared.contains("|    50 "), "{resources}");
+        let only = row(&resources, "sm90_only");
+        assert!(only.split('|').nth(1).unwrap().trim() == "-" && only.contains("|    70 "), "{resources}");
+
+        let occupancy = occupancy_table(&b80, &b90);
+        let shared: Vec<_> = occupancy.lines().filter(|l| l.starts_with("shared ")).collect();
+        assert_eq!(shared.len(), 2, "{occupancy}");
+        // q_tiles=1 exists in the portable build only, q_tiles=2 in both.
+        assert!(shared[0].contains("q_tiles=1") && shared[0].trim_end().ends_with("| -"), "{occupancy}");
+        assert!(shared[1].contains("q_tiles=2") && shared[1].contains(" 4  16  registers"), "{occupancy}");
+        assert!(shared[1].contains(" 5  20  registers"), "{occupancy}");
+    }
 }
