@@ -19,9 +19,10 @@ pub fn driver_available() -> bool {
 /// [`Device::open`] keeps cudarc's per-slice event tracking on: every use of a `CudaSlice` on a
 /// stream other than the one that last wrote it (or, for a write, last read it) waits for that
 /// use, and a slice is freed only after its last recorded use. cudarc (0.19) keeps one read
-/// event per slice, so when two streams read a slice, a later write or drop waits only for the
-/// read recorded last: join such streams (`CudaStream::join`) before writing or dropping a
-/// slice that both read, e.g. a K/V store two decode streams share. [`Device::open_untracked`]
+/// event per allocation, recorded on the latest reader's stream, so a run reading a tensor
+/// allocated on another stream has that stream wait for the launch and records the read there:
+/// two decode streams sharing a K/V store stay ordered with its later writes and its drop, and
+/// work enqueued on the store's stream after a run waits for it. [`Device::open_untracked`]
 /// turns the tracking off, which graph capture of [`run`](crate::BatchPagedDecodePlan::run)
 /// needs; see the [crate documentation](crate#safety-model).
 #[derive(Debug, Clone)]

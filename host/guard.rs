@@ -1,13 +1,15 @@
 //! Cheap checks `run` makes before it touches the stream: every operand lives in the launch's
 //! CUDA context and stays ordered with the launch stream, a checked run is not being captured
-//! into a graph, and no run is captured in a context that tracks events.
+//! into a graph, and no run is captured in a context that tracks events. And, after the launch,
+//! the reads it made of operands homed on other streams joined into those streams
+//! ([`join_reads`]).
 
-use cudarc::driver::sys::CUstreamCaptureStatus;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtr};
 
 use crate::error::{Error, Result};
 use crate::plan::{BatchPagedDecodeArgs, PagedKvAppendArgs, PagedKvAppendPairedArgs};
-use crate::tensor::Workspace;
+use crate::tensor::{TensorRef, Workspace};
 
 /// What a stream handle is to the driver's implicit ordering and to cudarc's event tracking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,7 +138,69 @@ fn launch_operands(
     operands.iter().try_for_each(|&(operand, home)| ordered_operand(stream, operand, home))
 }
 
+/// A tensor a launch reads: the stream it was allocated on, and its read record.
+pub(crate) trait ReadOperand {
+    /// The stream the tensor's allocation was made on, where cudarc frees it.
+    fn home(&self) -> &CudaStream;
+    /// Records the allocation's read event on `stream` (cudarc's `device_ptr` guard, dropped at
+    /// once), after `stream` waits for the allocation's last write.
+    fn record_read_on(&self, stream: &CudaStream);
+}
+
+impl<T, const N: usize> ReadOperand for TensorRef<'_, T, N> {
+    fn home(&self) -> &CudaStream {
+        self.home_stream()
+    }
+    fn record_read_on(&self, stream: &CudaStream) {
+        drop(self.data.device_ptr(stream));
+    }
+}
+
+/// After a launch on `stream` that read `reads`: each read operand allocated on another stream
+/// of a context that tracks events has that home stream wait for the launch, and records its
+/// read there.
+///
+/// cudarc keeps one read event per allocation, shared by all its views, and records it on the
+/// stream of the latest read: a read on a second stream replaces the record of a read still
+/// running on a first, and the allocation's drop (on its home stream) or a write on a third
+/// stream then waits for the second read only. Joined into the home stream, every read this
+/// crate makes stays behind the record: the home stream waits for it, and the record, made on
+/// the home stream after that wait, covers it, whichever stream reads next. The cost is that
+/// work enqueued on the home stream later waits for the launch; a launch on the operands' own
+/// stream (the usual case) costs nothing, and a context without event tracking
+/// ([`Device::open_untracked`](crate::Device::open_untracked)) leaves this ordering to its caller.
+pub(crate) fn join_reads<'r>(
+    stream: &CudaStream,
+    reads: impl IntoIterator<Item = &'r dyn ReadOperand>,
+) -> Result<()> {
+    let mut launched: Option<CudaEvent> = None;
+    for read in reads {
+        let home = read.home();
+        if home.cu_stream() == stream.cu_stream() || !home.context().is_managing_stream_synchronization() {
+            continue;
+        }
+        let event = match &mut launched {
+            Some(event) => event,
+            None => launched.insert(stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?),
+        };
+        home.wait(event)?;
+        read.record_read_on(home);
+    }
+    Ok(())
+}
+
 impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
+    /// After a launch on `stream`: [`join_reads`] of every tensor the decode reads.
+    pub(crate) fn join_reads(
+        &self,
+        stream: &CudaStream,
+        sinks: Option<&TensorRef<'_, f32, 1>>,
+    ) -> Result<()> {
+        let reads: [&dyn ReadOperand; 6] =
+            [&self.q, &self.k_data, &self.v_data, &self.indices, &self.indptr, &self.last_page_len];
+        join_reads(stream, reads.into_iter().chain(sinks.map(|s| s as &dyn ReadOperand)))
+    }
+
     /// [`launch_operands`] of every tensor.
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
         let operands = [
@@ -154,6 +218,13 @@ impl<T, C> BatchPagedDecodeArgs<'_, T, C> {
 }
 
 impl<T, C> PagedKvAppendArgs<'_, T, C> {
+    /// After a launch on `stream`: [`join_reads`] of every tensor the append reads.
+    pub(crate) fn join_reads(&self, stream: &CudaStream) -> Result<()> {
+        let reads: [&dyn ReadOperand; 5] =
+            [&self.key, &self.value, &self.indices, &self.indptr, &self.last_page_len];
+        join_reads(stream, reads)
+    }
+
     /// [`launch_operands`] of every tensor.
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
         let operands = [
@@ -170,6 +241,13 @@ impl<T, C> PagedKvAppendArgs<'_, T, C> {
 }
 
 impl<T, C> PagedKvAppendPairedArgs<'_, T, C> {
+    /// After a launch on `stream`: [`join_reads`] of every tensor the append reads.
+    pub(crate) fn join_reads(&self, stream: &CudaStream) -> Result<()> {
+        let reads: [&dyn ReadOperand; 5] =
+            [&self.key, &self.value, &self.indices, &self.indptr, &self.last_page_len];
+        join_reads(stream, reads)
+    }
+
     /// [`launch_operands`] of every tensor.
     pub(crate) fn check_launch_context(&self, plan_ctx: &CudaContext, stream: &CudaStream) -> Result<()> {
         let operands = [

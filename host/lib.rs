@@ -78,9 +78,11 @@
 //! everything enqueued there before the drop. Work on *other* streams is ordered by cudarc's
 //! event tracking, which [`Device::open`] keeps on: each use of a slice waits for the last
 //! conflicting use on another stream, and its drop waits for its last write and its last
-//! recorded read. cudarc (0.19) records one read event per slice, so when two streams read one
-//! slice (two decodes sharing a K/V store, say), a later write or drop on a third waits only
-//! for the read recorded last: the caller joins such streams (`CudaStream::join`) first. With
+//! recorded read. cudarc (0.19) records one read event per allocation, on the stream of the
+//! latest read, so a read on a second stream would hide one still running on a first from a
+//! later write or drop: `run` therefore has the home stream of each operand it reads on another
+//! stream wait for the launch, and records the read there (work enqueued on that home stream
+//! afterwards waits for the launch; reads made through cudarc's own API are the caller's). With
 //! [`Device::open_untracked`] (an `unsafe fn`) the caller takes over that ordering, as its
 //! `# Safety` section lists.
 //!

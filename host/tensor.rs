@@ -202,8 +202,9 @@ impl<'a> Workspace<'a> {
 
     /// The device address of the bytes for a splitting launch on `stream` (the guard records
     /// that launch's use of them once it is enqueued), after checking that they start 16-byte
-    /// aligned and are bound to a split state of `state_bytes`: the first splitting launch binds
-    /// them; a refused launch leaves them as they were. `(0, None)` without bytes.
+    /// aligned and are unbound or bound to a split state of `state_bytes`. The launch binds them
+    /// once enqueued ([`Self::bind_split_state`]), so a refused one leaves them as they were.
+    /// `(0, None)` without bytes.
     pub(crate) fn split_state_ptr<'s>(
         &'s mut self,
         stream: &'s CudaStream,
@@ -215,8 +216,16 @@ impl<'a> Workspace<'a> {
         let Some(bytes) = self.bytes.as_mut() else { return Ok((0, None)) };
         let (base, guard) = bytes.device_ptr_mut(stream);
         crate::plan::checks::aligned("workspace", base, 16)?;
-        self.split_state_bytes = Some(state_bytes);
         Ok((base, Some(guard)))
+    }
+
+    /// Binds the bytes to a split state of `state_bytes`, once a splitting launch that
+    /// [`Self::split_state_ptr`] admitted is enqueued: its counters live at that layout's
+    /// offsets until the bytes are zeroed again.
+    pub(crate) fn bind_split_state(&mut self, state_bytes: usize) {
+        if self.bytes.is_some() {
+            self.split_state_bytes = Some(state_bytes);
+        }
     }
 
     /// The CUDA context the workspace was allocated in (`None` without a workspace).

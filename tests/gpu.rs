@@ -1758,6 +1758,98 @@ fn tracked_device_orders_runs_across_streams() {
     println!("stream B waited for stream A's writes of its queries in {rounds} rounds");
 }
 
+/// Two decodes on two streams read one K/V store allocated on a third, the store's home: the
+/// first is held behind a gate (a stream wait on a device word), the second runs at once, and
+/// then the home stream zeroes the store. cudarc records one read event per allocation, the
+/// second decode's, so without `run` joining its reads into the home stream the zeroing would
+/// wait for the second decode only and run under the held one, which would then read zeros.
+/// Joined, the home stream waits for both: the held decode sees the store as it was, and an
+/// event recorded on the home stream after the runs stays pending until the gate opens.
+#[test]
+fn reads_on_other_streams_join_the_operands_stream() {
+    use cudarc::driver::DevicePtr;
+    use cudarc::driver::sys::{
+        CUresult, CUstreamWaitValue_flags, cuStreamWaitValue32_v2, cuStreamWriteValue32_v2,
+    };
+    let test = "reads_on_other_streams_join_the_operands_stream";
+    let Some(dev) = device(test) else { return };
+    let home = &dev.stream;
+    let (held, free, opener) =
+        (dev.ctx.new_stream().unwrap(), dev.ctx.new_stream().unwrap(), dev.ctx.new_stream().unwrap());
+    let spec = ProblemSpec { seed: 4400, ..with_lens(vec![0, 1, 700, 33, 2000], 32, 8, 128, 16) };
+    let host = HostProblem::<f16>::random(&spec).unwrap();
+    let want = host.reference().unwrap();
+    let unsplit = PlanPreference { num_splits: Some(1), spare_chunks: Some(0), ..PlanPreference::default() };
+    let plan = BatchPagedDecodePlan::<f16>::select(home, &host.desc, unsplit).unwrap();
+    assert_eq!(plan.workspace_size(), 0);
+    let mut buf = DeviceProblem::upload(home, &host, 0).unwrap();
+    buf.poison_outputs(home).unwrap();
+    let mut second_o = home.clone_htod(&vec![f16::NAN; buf.o.len()]).unwrap();
+    let mut second_lse = home.clone_htod(&vec![f32::NAN; buf.lse.len()]).unwrap();
+    let gate = home.alloc_zeros::<u32>(1).unwrap();
+    home.synchronize().unwrap();
+    let gate_ptr = gate.device_ptr(&held).0;
+    // SAFETY: `gate` is a live device word of this context; the wait only holds `held`.
+    let waits = unsafe {
+        cuStreamWaitValue32_v2(
+            held.cu_stream(),
+            gate_ptr,
+            1,
+            CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+    };
+    if waits == CUresult::CUDA_ERROR_NOT_SUPPORTED {
+        skipped(test, "the device has no stream memory operations");
+        return;
+    }
+    assert_eq!(waits, CUresult::CUDA_SUCCESS);
+    let first = {
+        let mut args = buf.args();
+        plan.run(&held, &mut Workspace::none(), &mut args)
+    };
+    let second = {
+        let kv = host.desc.paged_kv;
+        let (b, hq, d) = (host.desc.batch_size, host.desc.num_qo_heads, kv.head_dim);
+        let store = [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d];
+        let mut args = paged_decode::BatchPagedDecodeArgs {
+            q: TensorRef::new(buf.q.slice(..), [b, hq, d]),
+            k_data: TensorRef::strided(buf.k_data.slice(..), store, buf.kv_stride),
+            v_data: TensorRef::strided(buf.v_data.slice(..), store, buf.kv_stride),
+            indices: TensorRef::new(buf.indices.slice(..), [host.indices.len() as i32]),
+            indptr: TensorRef::new(buf.indptr.slice(..), [b + 1]),
+            last_page_len: TensorRef::new(buf.last_page_len.slice(..), [b]),
+            o: paged_decode::TensorMut::new(second_o.slice_mut(..), [b, hq, d]),
+            lse: paged_decode::TensorMut::new(second_lse.slice_mut(..), [b, hq]),
+        };
+        plan.run(&free, &mut Workspace::none(), &mut args)
+    };
+    // On the home stream, after both runs: the store zeroed, then an event.
+    let zeroed = home.memset_zeros(&mut buf.k_data).and_then(|_| home.memset_zeros(&mut buf.v_data));
+    let after_runs = home.record_event(None);
+    let pending = (0..20).all(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        after_runs.as_ref().is_ok_and(|e| !e.is_complete())
+    });
+    // Open the gate before any assertion, so that a failure leaves no stream waiting.
+    let (opener_gate, _g) = gate.device_ptr(&opener);
+    // SAFETY: as above; the write releases `held`.
+    let opened = unsafe { cuStreamWriteValue32_v2(opener.cu_stream(), opener_gate, 1, 0) };
+    assert_eq!(opened, CUresult::CUDA_SUCCESS);
+    opener.synchronize().unwrap();
+    home.synchronize().unwrap();
+    first.unwrap();
+    second.unwrap();
+    zeroed.unwrap();
+    assert!(pending, "the home stream ran past a decode still held on another stream");
+    let (o, lse) = (home.clone_dtoh(&buf.o).unwrap(), home.clone_dtoh(&buf.lse).unwrap());
+    check("held decode, store zeroed on its home stream afterwards", &spec, &o, &lse, &want);
+    let (o, lse) = (home.clone_dtoh(&second_o).unwrap(), home.clone_dtoh(&second_lse).unwrap());
+    check("decode on a second stream", &spec, &o, &lse, &want);
+    let zeros = home.clone_dtoh(&buf.k_data).unwrap();
+    assert!(zeros.iter().all(|x| x.to_f32() == 0.0), "the zeroing did not run");
+    println!("{test}: the home stream waited for both decodes");
+}
+
 /// `allow_sm90a: false` loads the portable build on any device: the plan says so, its kernels
 /// match the reference on shapes meant for each path (the path taken is printed, not asserted),
 /// and it refuses what only the sm_90 build holds (8-bit

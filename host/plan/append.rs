@@ -392,7 +392,9 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
         let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
         let tokens = [table[0].0, table[1].0];
-        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)
+        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)?;
+        drop((_k, _v, table, page_table));
+        args.join_reads(stream)
     }
 
     /// `scales` when finite and positive, and 1 for a plan that copies.
@@ -456,7 +458,9 @@ impl<T: CacheElement, C: CacheElement> PagedKvAppendPlan<T, C> {
             [&args.indices, &args.indptr, &args.last_page_len].map(|t| t.data.device_ptr(stream));
         let page_table_ptrs = [page_table[0].0, page_table[1].0, page_table[2].0];
         let tokens = [table[0].0, table[1].0];
-        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)
+        self.launch(stream, tokens, [k, v], strides, (page_table_ptrs, args.indices.shape[0]), scales)?;
+        drop((_k, table, page_table));
+        args.join_reads(stream)
     }
 
     /// Launches the append kernel on device addresses whose tensors were checked against the

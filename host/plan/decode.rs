@@ -702,6 +702,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         expect_layout("sinks", sinks, [self.desc.num_qo_heads], "[num_qo_heads]")
     }
 
+    /// Enqueues the decode ([`Self::enqueue`]), then joins its reads of operands allocated on
+    /// other streams into those streams ([`guard::join_reads`]).
     fn launch(
         &self,
         stream: &Arc<CudaStream>,
@@ -710,6 +712,23 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         sinks: Option<&TensorRef<'_, f32, 1>>,
         scales: KvScales,
     ) -> Result<()> {
+        if let Some(state_bytes) = self.enqueue(stream, workspace, args, sinks, scales)? {
+            workspace.bind_split_state(state_bytes);
+        }
+        args.join_reads(stream, sinks)
+    }
+
+    /// Checks the call and launches the schedule kernel (scheduled paths) and the decode on
+    /// `stream`; the operands' guards record the launch as they drop, on return. Returns the
+    /// split state's size when the launch splits, which binds the workspace.
+    fn enqueue(
+        &self,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Workspace<'_>,
+        args: &mut BatchPagedDecodeArgs<'_, T, C>,
+        sinks: Option<&TensorRef<'_, f32, 1>>,
+        scales: KvScales,
+    ) -> Result<Option<usize>> {
         let scales = scales.check()?;
         if C::CACHE_KIND.fp8_layout().is_none() && scales != KvScales::ONE {
             return Err(invalid(format!("{scales:?}: dequantization scales apply to 8-bit caches only")));
@@ -829,7 +848,8 @@ impl<T: Element, C: CacheElement> BatchPagedDecodePlan<T, C> {
         // SAFETY: `p` points into tensors whose shapes `can_implement` checked against the
         // descriptor, and the workspace holds `workspace_size()` bytes; `programmatic` implies
         // the sm_90 PTX.
-        unsafe { device::launch(stream, decode_fn, cfg, &p, self.programmatic) }
+        unsafe { device::launch(stream, decode_fn, cfg, &p, self.programmatic)? };
+        Ok(split.then_some(layout.state_bytes))
     }
 
     /// Whether `run` launches, for a page table of `num_indices` slots, an entry that guesses its
