@@ -63,7 +63,7 @@ fn random_spec(rng: &mut Rng, seed: u64) -> (ElementKind, ProblemSpec) {
     let wide = rng.below(6) == 0;
     let batch = if wide { 200 + rng.below(400) as usize } else { 1 + rng.below(6) as usize };
     let max_len = if wide { 48 } else { (6000 / (group * hkv).max(1)).clamp(40, 700) };
-    let lens = (0..batch)
+    let mut lens: Vec<usize> = (0..batch)
         .map(|_| match rng.below(8) {
             0 => 0,
             1 => 1,
@@ -71,6 +71,14 @@ fn random_spec(rng: &mut Rng, seed: u64) -> (ElementKind, ProblemSpec) {
             _ => rng.below(max_len as u64) as usize,
         })
         .collect();
+    // One wide batch in three has 2–6 long requests among the short ones: the scheduled and
+    // lean-scheduled partitions cut them into chunks, partials and merges.
+    if wide && rng.below(3) == 0 {
+        for _ in 0..2 + rng.below(5) {
+            let at = rng.below(batch as u64) as usize;
+            lens[at] = 2000 + rng.below(10_000) as usize;
+        }
+    }
     let spec = ProblemSpec {
         lens,
         num_qo_heads: group * hkv,
@@ -191,8 +199,14 @@ fn decode_random_sweep() {
         let lean_max_avg_tokens = if i % 4 == 3 { Some(0) } else { None };
         // One in five on the portable build, which an sm_90 device otherwise never runs.
         let allow_sm90a = i % 5 != 4;
-        let pref =
-            PlanPreference { spare_chunks, lean_max_avg_tokens, allow_sm90a, ..PlanPreference::default() };
+        let stable_page_table = promised(i);
+        let pref = PlanPreference {
+            spare_chunks,
+            lean_max_avg_tokens,
+            allow_sm90a,
+            stable_page_table,
+            ..PlanPreference::default()
+        };
         let (err, _, path) = match &prepared {
             Prepared::F16(h, r) => run_and_check(&dev, &what, h, r, pref),
             Prepared::BF16(h, r) => run_and_check(&dev, &what, h, r, pref),
@@ -216,6 +230,15 @@ fn decode_random_sweep() {
     // A full sweep takes every kernel path.
     let all = [DecodePath::Whole, DecodePath::Lean, DecodePath::Split, DecodePath::Scheduled];
     assert!(configs < 200 || all.iter().all(|p| paths.contains_key(p.name())), "paths taken: {paths:?}");
+}
+
+/// The page-table promise for one configuration in three of a sweep (`i % 3 == 2`), so that the
+/// early page-table reads (and the schedule kernel's, and the first tiles' L2 prefetch) run over
+/// every dtype, head_dim, group, page size and path the sweep draws.
+fn promised(i: usize) -> Option<StablePageTable> {
+    // SAFETY: a sweep runs each configuration on its own buffers after the copy that poisons its
+    // outputs; no kernel before it writes its page table.
+    (i % 3 == 2).then(|| unsafe { StablePageTable::promise() })
 }
 
 /// Requests of lengths `lens` with `hq` / `hkv` heads, head_dim `d` and pages of `page` tokens.
@@ -647,8 +670,8 @@ fn lean_scheduled_case<T: Element + ProblemCache>(dev: &Device, name: &str, spec
 fn decode_lean_scheduled() {
     let Some(dev) = device("decode_lean_scheduled") else { return };
     // Ragged short requests (averaging 150–200 tokens, so no KV heads stack) with a few of
-    // thousands of tokens, empty and 1-token ones; groups 1, 4, 8 and 32 (two query tiles),
-    // head_dim 64 and 128, pages of 1, 5 and 16 tokens.
+    // thousands of tokens, empty and 1-token ones; groups 1, 4, 8, 32 (two query tiles) and 64
+    // (two head blocks of a KV head), head_dim 64 and 128, pages of 1, 5 and 16 tokens.
     let tailed = |batch: usize, max: usize, step: usize, every: usize| {
         (0..batch).map(|i| if i % every == 5 { 3000 + 7 * i } else { (i * step) % (max + 1) }).collect()
     };
@@ -659,6 +682,7 @@ fn decode_lean_scheduled() {
         ("group 4, d 128", with_lens(tailed(600, 300, 37, 97), 32, 8, 128, 16)),
         ("group 8, d 128, page 5", with_lens(tailed(800, 320, 41, 89), 32, 4, 128, 5)),
         ("group 32, d 128", with_lens(tailed(1300, 300, 13, 211), 64, 2, 128, 16)),
+        ("group 64, d 64, two head blocks", with_lens(tailed(1200, 300, 13, 151), 128, 2, 64, 16)),
     ];
     let count: usize = problem::env_number("PAGED_DECODE_LEAN_SCHEDULED_CASES", cases.len());
     for (i, (name, spec)) in cases.into_iter().take(count).enumerate() {
@@ -2015,7 +2039,9 @@ fn fp8_decode_random_sweep() {
         };
         // Forced split counts on random configurations only (a batch of 16384 cannot take them).
         let num_splits = (i < configs && i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
-        let pref = PlanPreference { spare_chunks, num_splits, ..PlanPreference::default() };
+        let stable_page_table = promised(i);
+        let pref =
+            PlanPreference { spare_chunks, num_splits, stable_page_table, ..PlanPreference::default() };
         let (err, path) = match &prepared {
             PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
             PreparedFp8::BF16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
@@ -2170,12 +2196,15 @@ fn fp8_windows_and_sinks() {
         ((0..1200).map(|i| (i * 7) % 23).collect(), 16, 4, 64, 7, PlanPreference::default()),
         ((0..80).map(|i| (i * 397) % 3000).collect(), 16, 4, 128, 1023, spare(80)),
         ((0..72).map(|i| (i * 397) % 3000).collect(), 16, 4, 64, 127, spare(72)),
+        // head_dim 256 split (the short batch) and scheduled (72 ragged requests), windowed.
+        (vec![9000, 40, 0, 3000], 16, 8, 256, 1023, PlanPreference::default()),
+        ((0..72).map(|i| (i * 397) % 3000).collect(), 16, 8, 256, 511, spare(72)),
     ];
     for (i, (lens, hq, hkv, d, window_left, pref)) in cases.into_iter().enumerate() {
         let spec = ProblemSpec { seed: 900 + i as u64, ..with_lens(lens, hq, hkv, d, 16) };
         two_fp8_pairings!(i, |Q, C| fp8_window_case::<Q, C>(&dev, i, &spec, window_left, pref));
     }
-    println!("{test}: 9 cases × 2 element pairs × 2 plans match the reference");
+    println!("{test}: 11 cases × 2 element pairs × 2 plans match the reference");
 }
 
 /// One case of [`fp8_windows_and_sinks`]: the plan of `pref`, and the same split four ways.

@@ -16,7 +16,7 @@ use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgs, BatchPagedDecodePlan, DecodePath, Device, Element,
     ElementKind, Error, KvLayout, KvScales, PagedKvAppendArgs, PagedKvAppendPairedArgs, PagedKvAppendPlan,
-    PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
+    PagedKvCacheDescriptor, PlanPreference, StablePageTable, TensorMut, TensorRef, Workspace,
 };
 use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
 
@@ -254,7 +254,7 @@ fn random_case<T: Element + ProblemCache>(rng: &mut Rng, seed: u64) -> Case<T> {
     let wide = rng.below(6) == 0;
     let batch = if wide { 200 + rng.below(400) as usize } else { 1 + rng.below(6) as usize };
     let max_len = if wide { 300 } else { (6000 / (group * hkv).max(1)).clamp(40, 2000) };
-    let lens: Vec<usize> = (0..batch)
+    let mut lens: Vec<usize> = (0..batch)
         .map(|_| match rng.below(8) {
             0 => 0,
             1 => 1,
@@ -262,6 +262,14 @@ fn random_case<T: Element + ProblemCache>(rng: &mut Rng, seed: u64) -> Case<T> {
             _ => rng.below(max_len as u64) as usize,
         })
         .collect();
+    // One wide batch in three has 2–6 long requests, which the scheduled partitions cut (and a
+    // window shorter than them confines to their last chunks).
+    if wide && rng.below(3) == 0 {
+        for _ in 0..2 + rng.below(5) {
+            let at = rng.below(batch as u64) as usize;
+            lens[at] = 2000 + rng.below(10_000) as usize;
+        }
+    }
     let window_left = match rng.below(6) {
         0 | 1 => None,
         2 => Some(0),
@@ -342,10 +350,20 @@ fn sweep<T: Element + ProblemCache>(
             _ => None,
         };
         let lean_max_avg_tokens = if i % 4 == 3 { Some(0) } else { None };
-        // One in five on the portable build, which an sm_90 device otherwise never runs.
+        // One in five on the portable build, which an sm_90 device otherwise never runs; one in
+        // three with the page-table promise (early page-table reads with every variant and
+        // layout).
         let allow_sm90a = i % 5 != 4;
-        let pref =
-            PlanPreference { spare_chunks, lean_max_avg_tokens, allow_sm90a, ..PlanPreference::default() };
+        // SAFETY: each configuration runs on its own buffers after the copy that poisons its
+        // outputs; no kernel before it writes its page table.
+        let stable_page_table = (i % 3 == 2).then(|| unsafe { StablePageTable::promise() });
+        let pref = PlanPreference {
+            spare_chunks,
+            lean_max_avg_tokens,
+            allow_sm90a,
+            stable_page_table,
+            ..PlanPreference::default()
+        };
         let (err, path) = prepared.run(dev, pref);
         worst = worst.max(err);
         let build = if allow_sm90a { "" } else { " portable" };
