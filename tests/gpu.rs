@@ -6,7 +6,9 @@ mod gpu_support;
 #[allow(dead_code)]
 mod problem;
 
-use gpu_support::{device, fp8_device, opened, prepared_on_workers, runs_fp8, skipped, two_fp8_pairings};
+use gpu_support::{
+    device, fp8_device, opened, prepared_on_workers, promised, runs_fp8, skipped, two_fp8_pairings,
+};
 use half::{bf16, f16};
 use paged_decode::float8::{F8E4M3, F8E5M2};
 use paged_decode::plan::DecodeConfig;
@@ -230,15 +232,6 @@ fn decode_random_sweep() {
     // A full sweep takes every kernel path.
     let all = [DecodePath::Whole, DecodePath::Lean, DecodePath::Split, DecodePath::Scheduled];
     assert!(configs < 200 || all.iter().all(|p| paths.contains_key(p.name())), "paths taken: {paths:?}");
-}
-
-/// The page-table promise for one configuration in three of a sweep (`i % 3 == 2`), so that the
-/// early page-table reads (and the schedule kernel's, and the first tiles' L2 prefetch) run over
-/// every dtype, head_dim, group, page size and path the sweep draws.
-fn promised(i: usize) -> Option<StablePageTable> {
-    // SAFETY: a sweep runs each configuration on its own buffers after the copy that poisons its
-    // outputs; no kernel before it writes its page table.
-    (i % 3 == 2).then(|| unsafe { StablePageTable::promise() })
 }
 
 /// Requests of lengths `lens` with `hq` / `hkv` heads, head_dim `d` and pages of `page` tokens.

@@ -16,7 +16,7 @@ use paged_decode::reference::{AttentionVariant, DecodeOutput, KvView};
 use paged_decode::{
     AttentionVariantDescriptor, BatchPagedDecodeArgs, BatchPagedDecodePlan, DecodePath, Device, Element,
     ElementKind, Error, KvLayout, KvScales, PagedKvAppendArgs, PagedKvAppendPairedArgs, PagedKvAppendPlan,
-    PagedKvCacheDescriptor, PlanPreference, StablePageTable, TensorMut, TensorRef, Workspace,
+    PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
 };
 use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
 
@@ -354,9 +354,7 @@ fn sweep<T: Element + ProblemCache>(
         // three with the page-table promise (early page-table reads with every variant and
         // layout).
         let allow_sm90a = i % 5 != 4;
-        // SAFETY: each configuration runs on its own buffers after the copy that poisons its
-        // outputs; no kernel before it writes its page table.
-        let stable_page_table = (i % 3 == 2).then(|| unsafe { StablePageTable::promise() });
+        let stable_page_table = gpu_support::promised(i);
         let pref = PlanPreference {
             spare_chunks,
             lean_max_avg_tokens,

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::sync::mpsc;
 
-use paged_decode::{Device, Error};
+use paged_decode::{Device, Error, StablePageTable};
 
 /// GPU 0 with cudarc's event tracking on (the safe default), or `None` (and a skip line) without
 /// a driver.
@@ -125,3 +125,12 @@ macro_rules! fp8_pair_bodies {
     };
 }
 pub(crate) use fp8_pair_bodies;
+
+/// The page-table promise for one configuration in three of a sweep (`i % 3 == 2`), so that the
+/// early page-table reads (and the schedule kernel's, and the first tiles' L2 prefetch) run over
+/// every dtype, head_dim, group, page size and path the sweep draws.
+pub fn promised(i: usize) -> Option<StablePageTable> {
+    // SAFETY: a sweep runs each configuration on its own buffers after the copy that poisons its
+    // outputs; no kernel before it writes its page table.
+    (i % 3 == 2).then(|| unsafe { StablePageTable::promise() })
+}
