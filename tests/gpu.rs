@@ -1867,6 +1867,93 @@ fn reads_on_other_streams_join_the_operands_stream() {
     println!("{test}: the home stream waited for both decodes");
 }
 
+/// Prefix caching and parallel sampling: every request's full pages start with the pages of the
+/// longest request (one page id in many requests' lists, read by several CTAs at once). Returns
+/// how many page-list entries now name another request's page.
+fn share_prefix_pages<T, C>(host: &mut HostProblem<T, C>) -> usize {
+    let pages = |b: usize| (host.indptr[b + 1] - host.indptr[b]) as usize;
+    let batch = host.indptr.len() - 1;
+    let Some(donor) = (0..batch).max_by_key(|&b| pages(b)) else { return 0 };
+    let mut shared = 0;
+    for b in (0..batch).filter(|&b| b != donor) {
+        // Full pages only: the last page of either request keeps its own id.
+        let common = pages(b).min(pages(donor)).saturating_sub(1);
+        let (from, to) = (host.indptr[donor] as usize, host.indptr[b] as usize);
+        for j in 0..common {
+            host.indices[to + j] = host.indices[from + j];
+        }
+        shared += common;
+    }
+    shared
+}
+
+fn shared_prefix_case<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    name: &str,
+    spec: &ProblemSpec,
+    pref: PlanPreference,
+    expected: DecodePath,
+) {
+    let mut host = HostProblem::<T, C>::random(spec).unwrap();
+    let shared = share_prefix_pages(&mut host);
+    assert!(shared > 0, "{name}: no page shared");
+    let r = host.reference().unwrap();
+    for checked in [false, true] {
+        let what = format!(
+            "{name} {:?}/{:?} (checked: {checked}, {shared} shared page entries)",
+            T::KIND,
+            C::CACHE_KIND
+        );
+        let (err, path) = fp8_run_and_check(dev, &what, &host, &r, PlanPreference { checked, ..pref });
+        assert_eq!(path, expected, "{what}");
+        println!("requests_sharing_prefix_pages: {what} [{}] rel err {err:.2e}", path.name());
+    }
+}
+
+/// Requests whose page lists share their first pages (prefix caching), on every path, with 16-
+/// and 8-bit caches, checked mode accepting the table: each request matches the reference.
+#[test]
+fn requests_sharing_prefix_pages() {
+    let test = "requests_sharing_prefix_pages";
+    let Some(dev) = device(test) else { return };
+    let tailed: Vec<usize> =
+        (0..600).map(|i| if i % 97 == 5 { 3000 + 7 * i } else { (i * 37) % 301 }).collect();
+    let ragged: Vec<usize> = (0..72).map(|i| 20 + (i * 397) % 3000).collect();
+    let default = PlanPreference::default();
+    let cases = [
+        (
+            "whole",
+            with_lens(vec![900, 1200, 50, 1700], 32, 8, 128, 16),
+            PlanPreference { num_splits: Some(1), spare_chunks: Some(0), ..default },
+            DecodePath::Whole,
+        ),
+        ("split", with_lens(vec![0, 1, 700, 33, 4000], 32, 8, 128, 16), default, DecodePath::Split),
+        (
+            "scheduled",
+            with_lens(ragged, 16, 4, 128, 16),
+            PlanPreference { spare_chunks: Some(72), ..default },
+            DecodePath::Scheduled,
+        ),
+        (
+            "lean",
+            with_lens(tailed.clone(), 32, 8, 128, 16),
+            PlanPreference { lean_spare_chunks: Some(0), ..default },
+            DecodePath::Lean,
+        ),
+        ("lean-scheduled", with_lens(tailed, 32, 8, 128, 16), default, DecodePath::LeanScheduled),
+    ];
+    let fp8 = runs_fp8(&dev, test);
+    for (i, (name, spec, pref, expected)) in cases.into_iter().enumerate() {
+        let spec = ProblemSpec { seed: 4500 + i as u64, poison_unused_slots: true, ..spec };
+        shared_prefix_case::<f16, f16>(&dev, name, &spec, pref, expected);
+        shared_prefix_case::<bf16, bf16>(&dev, name, &spec, pref, expected);
+        // The 8-bit caches have no lean-scheduled path.
+        if fp8 && expected != DecodePath::LeanScheduled {
+            two_fp8_pairings!(i, |Q, C| shared_prefix_case::<Q, C>(&dev, name, &spec, pref, expected));
+        }
+    }
+}
+
 /// `allow_sm90a: false` loads the portable build on any device: the plan says so, its kernels
 /// match the reference on shapes meant for each path (the path taken is printed, not asserted),
 /// and it refuses what only the sm_90 build holds (8-bit
