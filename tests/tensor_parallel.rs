@@ -1,7 +1,8 @@
 //! Tensor-parallel decode over as many visible GPUs as divide the 8 KV heads, with NCCL
 //! (`--features nccl`): runs when two GPUs and libnccl are present, and prints a skip line
-//! otherwise. It shards uniform problems' KV heads over the GPUs as `examples/tensor_parallel.rs` does, and requires every
-//! GPU's gathered output to match a single-GPU decode of the whole problem.
+//! otherwise. It shards uniform problems' KV heads over the GPUs as `examples/tensor_parallel.rs`
+//! does, and requires the single-GPU decode of the whole problem and every GPU's gathered output
+//! (NaN until written) to match the float64 reference.
 #![cfg(feature = "nccl")]
 
 #[path = "../examples/common/mod.rs"]

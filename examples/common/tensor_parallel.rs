@@ -13,7 +13,7 @@ use paged_decode::cudarc::nccl::{Comm, result as nccl};
 use paged_decode::half::f16;
 use paged_decode::{
     BatchPagedDecodeArgs, BatchPagedDecodeDescriptor, BatchPagedDecodePlan, Device, PagedKvCacheDescriptor,
-    PlanPreference, TensorMut, TensorRef, Workspace,
+    PlanPreference, TensorMut, TensorRef, Workspace, reference,
 };
 
 use std::time::Instant;
@@ -127,8 +127,9 @@ impl Resident {
             k: stream.clone_htod(&problem.k)?,
             v: stream.clone_htod(&problem.v)?,
             table: DevicePageTable::upload(&stream, &problem.table)?,
-            o: stream.alloc_zeros((b * hq * d) as usize)?,
-            lse: stream.alloc_zeros((b * hq) as usize)?,
+            // NaN until the first launch writes them: a row no launch writes fails the comparison.
+            o: stream.clone_htod(&vec![f16::NAN; (b * hq * d) as usize])?,
+            lse: stream.clone_htod(&vec![f32::NAN; (b * hq) as usize])?,
             shape: (b, hq, d, [kv.num_total_pages, kv.num_kv_heads, kv.page_size, d]),
             // Zeroed by the allocation; every launch leaves the split state zero again.
             workspace: stream.alloc_zeros::<u8>(plan.workspace_size().max(1))?,
@@ -188,8 +189,8 @@ impl TensorParallel {
         let mut gathered_o = Vec::new();
         let mut gathered_lse = Vec::new();
         for s in &shards {
-            gathered_o.push(s.stream.alloc_zeros::<f16>(s.o.len() * world)?);
-            gathered_lse.push(s.stream.alloc_zeros::<f32>(s.lse.len() * world)?);
+            gathered_o.push(s.stream.clone_htod(&vec![f16::NAN; s.o.len() * world])?);
+            gathered_lse.push(s.stream.clone_htod(&vec![f32::NAN; s.lse.len() * world])?);
         }
         Ok(Self { shards, comms, gathered_o, gathered_lse })
     }
@@ -299,42 +300,47 @@ pub fn open_all(who: &str) -> Result<Option<Vec<Device>>, Error> {
     Ok(Some(devices))
 }
 
-/// Step times and the largest error of a sharded decode against the single-GPU one.
+/// Step times and the largest error of the single-GPU and the sharded decode against the
+/// float64 reference.
 pub struct Report {
     /// µs per step on one GPU.
     pub single_us: f64,
     /// µs per step sharded over all of them, the all-gather included.
     pub parallel_us: f64,
-    /// Largest relative error of `o` (per request) or absolute error of `lse`, over every GPU's
-    /// gathered copy.
+    /// Largest relative error of `o` (per request) or absolute error of `lse` against the float64
+    /// reference, over the single-GPU output and every GPU's gathered copy.
     pub worst_error: f64,
 }
 
 /// Decodes `problem` on the first GPU and sharded over all of `devices`, timing `steps` steps of
-/// each, and compares every GPU's gathered output with the single-GPU one.
+/// each, and compares the single-GPU output and every GPU's gathered copy with the float64
+/// reference.
 pub fn compare(
     devices: &[Device],
     problem: &HostDecode,
     steps: usize,
 ) -> Result<Report, Box<dyn std::error::Error>> {
+    let expected =
+        reference::decode(&problem.desc, &problem.q, &problem.k, &problem.v, problem.table.view())?;
+    let row = QO_HEADS * HEAD_DIM;
+    let worst_of = |o: &[f16], lse: &[f32]| {
+        (0..problem.desc.batch_size as usize).fold(0f64, |worst, b| {
+            let err = rel_err(&o[b * row..(b + 1) * row], &expected.o[b * row..(b + 1) * row]);
+            let heads = b * QO_HEADS..(b + 1) * QO_HEADS;
+            worst.max(err).max(lse_err(&lse[heads.clone()], &expected.lse[heads]))
+        })
+    };
     let mut single = Resident::upload(&devices[0], problem)?;
     let single_us = time_steps(&mut single, steps)?;
     let (o, lse) = (single.stream.clone_dtoh(&single.o)?, single.stream.clone_dtoh(&single.lse)?);
-    let (o, lse): (Vec<f64>, Vec<f64>) =
-        (o.iter().map(|x| x.to_f64()).collect(), lse.iter().map(|&x| f64::from(x)).collect());
+    let mut worst = worst_of(&o, &lse);
     drop(single);
 
     let mut tp = TensorParallel::new(devices, problem)?;
     let parallel_us = time_steps(&mut tp, steps)?;
-    let mut worst: f64 = 0.0;
-    let row = QO_HEADS * HEAD_DIM;
     for rank in 0..devices.len() {
         let (tp_o, tp_lse) = tp.gathered(rank, HEAD_DIM)?;
-        for b in 0..problem.desc.batch_size as usize {
-            let err = rel_err(&tp_o[b * row..(b + 1) * row], &o[b * row..(b + 1) * row]);
-            let heads = b * QO_HEADS..(b + 1) * QO_HEADS;
-            worst = worst.max(err).max(lse_err(&tp_lse[heads.clone()], &lse[heads]));
-        }
+        worst = worst.max(worst_of(&tp_o, &tp_lse));
     }
     Ok(Report { single_us, parallel_us, worst_error: worst })
 }
