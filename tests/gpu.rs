@@ -931,6 +931,42 @@ fn page_table_written_by_the_previous_kernel() {
     );
 }
 
+/// [`page_table_written_by_the_previous_kernel`] with the previous kernel writing the page ids
+/// (all of `indices`: page 1 before, the store's last page after) instead of the lengths, so that
+/// the guessing launches find a changed page list, not a changed length, when they confirm their
+/// guess: whole and lean launches of a few CTAs, and split ones, with 16- and 8-bit caches.
+#[test]
+fn page_ids_written_by_the_previous_kernel() {
+    let test = "page_ids_written_by_the_previous_kernel";
+    let Some(dev) = device(test) else { return };
+    let fp8 = runs_fp8(&dev, test);
+    let mut writer = Writer::new(&dev);
+    let (mut guessed, mut paths) = (0, std::collections::BTreeSet::new());
+    // At most 64 page-list entries (the writer's 64 lse values): batch × len / 16.
+    let shapes = [(4, 32, 128), (1, 128, 128), (2, 64, 64), (2, 128, 128), (1, 1024, 128), (32, 32, 128)];
+    let all_guess = PlanPreference { guess_max_ctas: Some(u32::MAX), ..PlanPreference::default() };
+    for (i, (batch, len, d)) in shapes.into_iter().enumerate() {
+        let spec = ProblemSpec { seed: 97 + i as u64, ..ProblemSpec::uniform(batch, len, 16, 4, d, 16) };
+        for pref in [PlanPreference::default(), all_guess] {
+            let (path, guesses) = writer.then_decode_written::<f16, f16>(&spec, pref, Written::PageIds);
+            paths.insert(path.name());
+            guessed += guesses;
+            guessed += writer.then_decode_written::<bf16, bf16>(&spec, pref, Written::PageIds).1;
+            if fp8 {
+                let (a, b) = two_fp8_pairings!(i, |Q, C| writer
+                    .then_decode_written::<Q, C>(&spec, pref, Written::PageIds)
+                    .1);
+                guessed += a + b;
+            }
+        }
+    }
+    assert!(
+        !writer.programmatic || guessed >= shapes.len(),
+        "only {guessed} launches guessed their page lookup"
+    );
+    println!("{test}: paths {paths:?}, {guessed} launches guessed the page ids the previous kernel wrote");
+}
+
 /// [`page_table_written_by_the_previous_kernel`] for the other element types' guessing entries:
 /// bf16, and the 8-bit caches' (each pairing of q type and code format, two per shape in turn),
 /// lean and whole, at head_dim 64, 128 and 256, each launch guessing the lookup the writer is
@@ -964,6 +1000,16 @@ fn page_table_written_by_the_previous_kernel_every_element() {
 /// its 64 lse values, which the next decode reads as its `last_page_len`.
 /// `PAGED_DECODE_WRITER_TOKENS` shortens them under racecheck, which slows every launch alike
 /// (the decodes check that the writer's lse stays positive).
+/// Which part of the second decode's page table [`Writer`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    /// `last_page_len`: lengths of 1 before, clamped to full pages after.
+    LastPageLen,
+    /// The whole of `indices` (at most 64 entries): page 1 before, and after the writer's
+    /// positive lse, as i32 beyond the store, clamped to its last page.
+    PageIds,
+}
+
 struct Writer<'d> {
     dev: &'d Device,
     plan: BatchPagedDecodePlan<f16>,
@@ -996,8 +1042,20 @@ impl<'d> Writer<'d> {
         spec: &ProblemSpec,
         pref: PlanPreference,
     ) -> (DecodePath, usize) {
+        self.then_decode_written::<T, C>(spec, pref, Written::LastPageLen)
+    }
+
+    /// [`Self::then_decode`] with `written` naming what the writer's lse stands for in the
+    /// decode's page table; with [`Written::PageIds`], the reference reads every page-list entry
+    /// as the store's last page.
+    fn then_decode_written<T: Element + ProblemCache, C: ProblemCache>(
+        &mut self,
+        spec: &ProblemSpec,
+        pref: PlanPreference,
+        written: Written,
+    ) -> (DecodePath, usize) {
         let s = &self.dev.stream;
-        let host = HostProblem::<T, C>::random(spec).unwrap();
+        let mut host = HostProblem::<T, C>::random(spec).unwrap();
         let plan = BatchPagedDecodePlan::<T, C>::select(s, &host.desc, pref).unwrap();
         assert!(!plan.reads_page_table_early());
         let path = plan.path(host.indices.len());
@@ -1013,18 +1071,36 @@ impl<'d> Writer<'d> {
             self.plan.run(s, &mut ws, &mut args).unwrap();
         }
         let batch = spec.batch();
+        let entries = host.indices.len();
         {
             let (mut args, mut ws) = buf.args_and_workspace();
-            // SAFETY: `lse` holds 64 f32 values, read here as `batch ≤ 64` i32 lengths; one stream
-            // orders both launches.
-            let lengths = unsafe { self.buf.lse.transmute::<i32>(batch) }.unwrap();
-            args.last_page_len = TensorRef::new(lengths, [batch as i32]);
+            // SAFETY: `lse` holds 64 f32 values, read here as `batch ≤ 64` i32 lengths or at most
+            // 64 i32 page ids; one stream orders both launches.
+            match written {
+                Written::LastPageLen => {
+                    let lengths = unsafe { self.buf.lse.transmute::<i32>(batch) }.unwrap();
+                    args.last_page_len = TensorRef::new(lengths, [batch as i32]);
+                }
+                Written::PageIds => {
+                    assert!(entries <= self.buf.lse.len(), "{what}: {entries} page-list entries");
+                    let ids = unsafe { self.buf.lse.transmute::<i32>(entries) }.unwrap();
+                    args.indices = TensorRef::new(ids, [entries as i32]);
+                }
+            }
             plan.run_scaled(s, &mut ws, &mut args, host.scales).unwrap();
         }
         let writer_lse = s.clone_dtoh(&self.buf.lse).unwrap();
         assert!(writer_lse.iter().all(|&v| v > 0.0), "{what}: the writer's lse must be positive");
+        if written == Written::PageIds {
+            let last_page = host.desc.paged_kv.num_total_pages - 1;
+            assert!(
+                writer_lse.iter().all(|&v| v.to_bits() as i32 > last_page),
+                "{what}: an lse within the store"
+            );
+            host.indices.fill(last_page);
+        }
         let (o, lse) = (s.clone_dtoh(&buf.o).unwrap(), s.clone_dtoh(&buf.lse).unwrap());
-        check(&what, spec, &o, &lse, &host.reference().unwrap());
+        check(&format!("{what}, {written:?} written"), spec, &o, &lse, &host.reference().unwrap());
         (path, guesses)
     }
 }
