@@ -17,7 +17,7 @@ use paged_decode::{
     BatchPagedDecodePlan, DecodePath, Device, Element, ElementKind, Error, PagedKvAppendDescriptor,
     PagedKvAppendPlan, PlanPreference, StablePageTable, TensorRef, Workspace,
 };
-use problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
+use problem::{DeviceProblem, HostProblem, ProblemCache, ProblemSpec, Rng, append_rows, compare_outputs};
 
 /// GPU 0 with event tracking off, for tests that capture graphs.
 ///
@@ -1116,7 +1116,7 @@ fn append_matches_reference_and_touches_nothing_else() {
     fn one<T: Element + ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
         let mut rng = Rng::new(seed);
         let (host, desc) = HostProblem::<T>::random_append(&mut rng, page, d, seed).unwrap();
-        let row = 7 * 4 * d;
+        let row = append_rows(&desc) * d;
         let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let (mut k_ref, mut v_ref) = (host.k_data.clone(), host.v_data.clone());
@@ -2229,7 +2229,7 @@ fn fp8_append_quantizes_bit_exactly() {
     fn one<T: Element + ProblemCache, C: ProblemCache>(dev: &Device, page: usize, d: usize, seed: u64) {
         let mut rng = Rng::new(seed);
         let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
-        let (key, value) = problem::quantization_tokens::<T>(&mut rng, 7 * 4 * d);
+        let (key, value) = problem::quantization_tokens::<T>(&mut rng, append_rows(&desc) * d);
         assert!(key[30].to_f64().is_nan() && key[30].to_f64().is_sign_negative());
         let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
         let (mut k_ref, mut v_ref) = (codes(&host.k_data), codes(&host.v_data));

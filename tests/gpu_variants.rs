@@ -18,7 +18,7 @@ use paged_decode::{
     ElementKind, Error, KvLayout, KvScales, PagedKvAppendArgs, PagedKvAppendPairedArgs, PagedKvAppendPlan,
     PagedKvCacheDescriptor, PlanPreference, TensorMut, TensorRef, Workspace,
 };
-use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, compare_outputs};
+use problem::{HostProblem, ProblemCache, ProblemSpec, Rng, append_rows, compare_outputs};
 
 /// The K/V store layouts the plans take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -721,7 +721,7 @@ fn append_into_every_layout() {
         let s = &dev.stream;
         let mut rng = Rng::new(seed);
         let (host, desc) = HostProblem::<T>::random_append(&mut rng, page, d, seed).unwrap();
-        let row = 7 * 4 * d;
+        let row = append_rows(&desc) * d;
         let key: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let value: Vec<T> = (0..row).map(|_| T::from_f64(rng.symmetric())).collect();
         let (mut k_ref, mut v_ref) = (host.k_data.clone(), host.v_data.clone());
@@ -782,7 +782,7 @@ fn quantized_append<T: Element + ProblemCache, C: ProblemCache>(
     let s = &dev.stream;
     let mut rng = Rng::new(seed);
     let (host, desc) = HostProblem::<T, C>::random_append(&mut rng, page, d, seed).unwrap();
-    let (key, value) = problem::quantization_tokens::<T>(&mut rng, 7 * 4 * d);
+    let (key, value) = problem::quantization_tokens::<T>(&mut rng, append_rows(&desc) * d);
     let codes = |data: &[C]| data.iter().map(|c| c.code()).collect::<Vec<u8>>();
     let (mut k_ref, mut v_ref) = (codes(&host.k_data), codes(&host.v_data));
     paged_decode::reference::append_fp8(

@@ -291,6 +291,12 @@ pub fn quantization_tokens<T: Element>(rng: &mut Rng, len: usize) -> (Vec<T>, Ve
     (key, value)
 }
 
+/// (request, KV head) rows of an append of `desc`: the key and value tokens hold this many
+/// `head_dim` rows.
+pub fn append_rows(desc: &PagedKvAppendDescriptor) -> usize {
+    desc.batch_size.max(0) as usize * desc.paged_kv.num_kv_heads.max(0) as usize
+}
+
 /// Dequantization scales of the problems' 8-bit stores: random values in `[-1, 1)` become codes
 /// up to ±270 (within E4M3's ±448), and scales that are not powers of two exercise the rounding.
 pub const FP8_PROBLEM_SCALES: KvScales = KvScales { k_scale: 0.0042, v_scale: 0.0037 };
@@ -383,7 +389,7 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
         Ok(Self { spec: spec.clone(), desc, q, k_data, v_data, indices, indptr, last_page_len, scales })
     }
 
-    /// An append problem drawn from `rng`: 7 requests of 4 KV heads (8 query heads) with
+    /// An append problem drawn from `rng`: 7 requests of 3 KV heads (6 query heads) with
     /// head_dim `d` on pages of `page` tokens (3 spare), their tables already advanced for the new
     /// token (the first request's new token fills its last page), and its append descriptor.
     pub fn random_append(
@@ -394,7 +400,8 @@ impl<T: Element, C: ProblemCache> HostProblem<T, C> {
     ) -> Result<(Self, PagedKvAppendDescriptor)> {
         let lens =
             (0..7).map(|i| if i == 0 { page } else { 1 + rng.below(3 * page as u64) as usize }).collect();
-        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 8, 4, d, page) };
+        // 7 × 3 (request, KV head) rows: not a whole number of the append kernel's CTAs.
+        let spec = ProblemSpec { lens, spare_pages: 3, seed, ..ProblemSpec::uniform(7, 0, 6, 3, d, page) };
         let host = Self::random(&spec)?;
         let desc = PagedKvAppendDescriptor { batch_size: 7, paged_kv: host.desc.paged_kv };
         Ok((host, desc))
