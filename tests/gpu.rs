@@ -202,11 +202,14 @@ fn decode_random_sweep() {
         // One in five on the portable build, which an sm_90 device otherwise never runs.
         let allow_sm90a = i % 5 != 4;
         let stable_page_table = promised(i);
+        // One in seven launched without programmatic dependent launch on the sm_90 build.
+        let programmatic_launch = i % 7 != 3;
         let pref = PlanPreference {
             spare_chunks,
             lean_max_avg_tokens,
             allow_sm90a,
             stable_page_table,
+            programmatic_launch,
             ..PlanPreference::default()
         };
         let (err, _, path) = match &prepared {
@@ -571,10 +574,20 @@ fn max_kv_len_case<T: Element + ProblemCache, C: ProblemCache>(
     spec: &ProblemSpec,
     bound: u32,
 ) {
+    max_kv_len_case_with::<T, C>(dev, name, spec, bound, PlanPreference::default())
+}
+
+/// [`max_kv_len_case`] for a plan of `pref`.
+fn max_kv_len_case_with<T: Element + ProblemCache, C: ProblemCache>(
+    dev: &Device,
+    name: &str,
+    spec: &ProblemSpec,
+    bound: u32,
+    pref: PlanPreference,
+) {
     let host = HostProblem::<T, C>::random(spec).unwrap();
     let r = host.reference().unwrap();
-    let mut plan =
-        BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, PlanPreference::default()).unwrap();
+    let mut plan = BatchPagedDecodePlan::<T, C>::select(&dev.stream, &host.desc, pref).unwrap();
     let n = host.indices.len();
     let what = format!("{name} {:?}/{:?}", T::KIND, C::CACHE_KIND);
     let unbounded = plan.path(n);
@@ -609,9 +622,15 @@ fn max_kv_len_picks_the_path_not_the_results() {
         with_lens(vec![0, 1, 17, 64, 128, 700, 3, 90, 1500, 33, 16, 127, 5, 64, 100, 2], 32, 8, 128, 16);
     max_kv_len_case::<f16, f16>(&dev, "ragged, bound below the lengths", &ragged, 128);
     max_kv_len_case::<bf16, bf16>(&dev, "ragged, bound below the lengths", &ragged, 16);
+    // 40 requests of up to 128 tokens with the lean kernel off: the scheduled path (the schedule
+    // kernel's partition) without the bound, the whole one under it.
+    let scheduled = with_lens((0..40).map(|i| 1 + (i * 37) % 128).collect(), 32, 8, 128, 16);
+    let lean_off = PlanPreference { lean_max_avg_tokens: Some(0), ..PlanPreference::default() };
+    max_kv_len_case_with::<f16, f16>(&dev, "40 requests, lean off", &scheduled, 128, lean_off);
     if runs_fp8(&dev, "max_kv_len_picks_the_path_not_the_results (8-bit caches)") {
         max_kv_len_case::<f16, F8E4M3>(&dev, "16 x 64 tokens", &uniform, 64);
         max_kv_len_case::<bf16, F8E5M2>(&dev, "ragged, bound below the lengths", &ragged, 100);
+        max_kv_len_case_with::<bf16, F8E4M3>(&dev, "40 requests, lean off", &scheduled, 128, lean_off);
     }
 }
 
@@ -2196,8 +2215,14 @@ fn fp8_decode_random_sweep() {
         // Forced split counts on random configurations only (a batch of 16384 cannot take them).
         let num_splits = (i < configs && i % 7 == 5).then_some(1 + (spec.seed % 9) as u32);
         let stable_page_table = promised(i);
-        let pref =
-            PlanPreference { spare_chunks, num_splits, stable_page_table, ..PlanPreference::default() };
+        let programmatic_launch = i % 7 != 3;
+        let pref = PlanPreference {
+            spare_chunks,
+            num_splits,
+            stable_page_table,
+            programmatic_launch,
+            ..PlanPreference::default()
+        };
         let (err, path) = match &prepared {
             PreparedFp8::F16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
             PreparedFp8::BF16E4M3(h, r) => fp8_run_and_check(&dev, &what, h, r, pref),
