@@ -2050,30 +2050,31 @@ fn requests_sharing_prefix_pages() {
 }
 
 /// `allow_sm90a: false` loads the portable build on any device: the plan says so, its kernels
-/// match the reference on shapes meant for each path (the path taken is printed, not asserted),
-/// and it refuses what only the sm_90 build holds (8-bit
-/// caches, quantizing appends).
+/// take the path each shape is meant for and match the reference there, and it refuses what
+/// only the sm_90 build holds (8-bit caches, quantizing appends).
 #[test]
 fn portable_build_on_request() {
     let Some(dev) = device("portable_build_on_request") else { return };
     let portable = PlanPreference { allow_sm90a: false, ..PlanPreference::default() };
     let cases = [
-        ("ragged", with_lens(vec![0, 1, 300, 2000, 17], 32, 8, 128, 16), portable),
-        ("split", with_lens(vec![4000, 9], 8, 1, 64, 16), portable),
-        ("lean", ProblemSpec::uniform(2048, 16, 32, 8, 128, 16), portable),
+        ("ragged", with_lens(vec![0, 1, 300, 2000, 17], 32, 8, 128, 16), portable, DecodePath::Split),
+        ("split", with_lens(vec![4000, 9], 8, 1, 64, 16), portable, DecodePath::Split),
+        ("lean", ProblemSpec::uniform(2048, 16, 32, 8, 128, 16), portable, DecodePath::Lean),
         (
             "scheduled",
             ProblemSpec::uniform(2048, 40, 16, 2, 256, 8),
             PlanPreference { lean_max_avg_tokens: Some(0), ..portable },
+            DecodePath::Scheduled,
         ),
     ];
-    for (i, (name, spec, pref)) in cases.into_iter().enumerate() {
+    for (i, (name, spec, pref, expected)) in cases.into_iter().enumerate() {
         let spec = ProblemSpec { seed: 4100 + i as u64, ..spec };
         let host = HostProblem::<f16>::random(&spec).unwrap();
         let r = host.reference().unwrap();
         let plan = BatchPagedDecodePlan::<f16>::select(&dev.stream, &host.desc, pref).unwrap();
         assert_eq!(plan.sku().arch, paged_decode::ArchSku::Sm80, "{name}: the plan loaded the sm_90 build");
         let (err, _, path) = run_and_check(&dev, &format!("portable {name}"), &host, &r, pref);
+        assert_eq!(path, expected, "portable {name}");
         println!("portable_build_on_request: {name} [{}] rel err {err:.2e}", path.name());
     }
     let spec = ProblemSpec { seed: 4200, ..with_lens(vec![3, 70], 8, 2, 128, 16) };
