@@ -940,6 +940,13 @@ fn page_table_written_by_the_previous_kernel() {
             guessed += guesses;
         }
     }
+    // The schedule kernel's partition of the table the writer changes: 40 requests in two fixed
+    // splits (scheduled on the H100 and H200; (64, 2048) and (64, 64) above run whole).
+    let spec = ProblemSpec { seed: 92, ..ProblemSpec::uniform(40, 1024, 16, 4, 128, 16) };
+    let fixed_splits = PlanPreference { num_splits: Some(2), ..PlanPreference::default() };
+    let (path, _) = writer.then_decode::<f16, f16>(&spec, fixed_splits);
+    assert_eq!(path, DecodePath::Scheduled, "40 requests in two fixed splits");
+    paths.push(path.name());
     // (4, 32) lean, (1, 128) and (2, 64) whole: a few CTAs each, which guess the lookup the
     // writer is still changing (its last pages' lengths), and must redo their first tiles.
     assert!(!writer.programmatic || guessed >= 3, "only {guessed} launches guessed their page lookup");
