@@ -165,7 +165,9 @@ impl<T, const N: usize> ReadOperand for TensorRef<'_, T, N> {
 /// running on a first, and the allocation's drop (on its home stream) or a write on a third
 /// stream then waits for the second read only. Joined into the home stream, every read this
 /// crate makes stays behind the record: the home stream waits for it, and the record, made on
-/// the home stream after that wait, covers it, whichever stream reads next. The cost is that
+/// the home stream after that wait, covers it, whichever stream this crate reads it on next. (A
+/// read through cudarc's own API on a third stream moves the record there again, as cudarc
+/// does for any two readers; that ordering is cudarc's and its caller's.) The cost is that
 /// work enqueued on the home stream later waits for the launch; a launch on the operands' own
 /// stream (the usual case) costs nothing, and a context without event tracking
 /// ([`Device::open_untracked`](crate::Device::open_untracked)) leaves this ordering to its caller.

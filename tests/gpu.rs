@@ -1886,15 +1886,15 @@ fn tracked_device_orders_runs_across_streams() {
 /// event recorded on the home stream after the runs stays pending until the gate opens.
 #[test]
 fn reads_on_other_streams_join_the_operands_stream() {
-    use cudarc::driver::DevicePtr;
     use cudarc::driver::sys::{
-        CUresult, CUstreamWaitValue_flags, cuStreamWaitValue32_v2, cuStreamWriteValue32_v2,
+        CU_MEMHOSTALLOC_DEVICEMAP, CUresult, CUstreamWaitValue_flags, cuMemHostGetDevicePointer_v2,
+        cuStreamWaitValue32_v2,
     };
+    use std::time::Duration;
     let test = "reads_on_other_streams_join_the_operands_stream";
     let Some(dev) = device(test) else { return };
     let home = &dev.stream;
-    let (held, free, opener) =
-        (dev.ctx.new_stream().unwrap(), dev.ctx.new_stream().unwrap(), dev.ctx.new_stream().unwrap());
+    let (held, free) = (dev.ctx.new_stream().unwrap(), dev.ctx.new_stream().unwrap());
     let spec = ProblemSpec { seed: 4400, ..with_lens(vec![0, 1, 700, 33, 2000], 32, 8, 128, 16) };
     let host = HostProblem::<f16>::random(&spec).unwrap();
     let want = host.reference().unwrap();
@@ -1905,23 +1905,49 @@ fn reads_on_other_streams_join_the_operands_stream() {
     buf.poison_outputs(home).unwrap();
     let mut second_o = home.clone_htod(&vec![f16::NAN; buf.o.len()]).unwrap();
     let mut second_lse = home.clone_htod(&vec![f32::NAN; buf.lse.len()]).unwrap();
-    let gate = home.alloc_zeros::<u32>(1).unwrap();
     home.synchronize().unwrap();
-    let gate_ptr = gate.device_ptr(&held).0;
-    // SAFETY: `gate` is a live device word of this context; the wait only holds `held`.
+    // The gate: a device-mapped host word `held` waits on, opened by a plain store (no driver
+    // call). A watchdog opens it after 10 s whatever this thread does, so that a call here that
+    // blocks until the device drains (a sanitizer serializing launches) fails the test instead
+    // of hanging it.
+    // SAFETY: the word is written below before any use.
+    let mut gate = unsafe { dev.ctx.alloc_pinned_with_flags::<u32>(1, CU_MEMHOSTALLOC_DEVICEMAP) }.unwrap();
+    let gate_host = gate.as_mut_ptr().unwrap();
+    // SAFETY: `gate_host` points to the live pinned word; it outlives every use (the watchdog is
+    // joined and `held` synchronized before `gate` drops).
+    unsafe { gate_host.write_volatile(0) };
+    let mut gate_dev = 0;
+    let mapped = unsafe { cuMemHostGetDevicePointer_v2(&mut gate_dev, gate_host.cast(), 0) };
+    assert_eq!(mapped, CUresult::CUDA_SUCCESS);
+    let open_gate = |word: usize| {
+        // SAFETY: as above.
+        unsafe { (word as *mut u32).write_volatile(1) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    };
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel::<()>();
+    let word = gate_host as usize;
+    let watchdog = std::thread::spawn(move || {
+        let fired = opened_rx.recv_timeout(Duration::from_secs(10)).is_err();
+        if fired {
+            open_gate(word);
+        }
+        fired
+    });
+    // SAFETY: `gate_dev` is the device address of the live word; the wait only holds `held`.
     let waits = unsafe {
         cuStreamWaitValue32_v2(
             held.cu_stream(),
-            gate_ptr,
+            gate_dev,
             1,
             CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
         )
     };
     if waits == CUresult::CUDA_ERROR_NOT_SUPPORTED {
+        drop(opened_tx);
+        watchdog.join().unwrap();
         skipped(test, "the device has no stream memory operations");
         return;
     }
-    assert_eq!(waits, CUresult::CUDA_SUCCESS);
     let first = {
         let mut args = buf.args();
         plan.run(&held, &mut Workspace::none(), &mut args)
@@ -1946,19 +1972,20 @@ fn reads_on_other_streams_join_the_operands_stream() {
     let zeroed = home.memset_zeros(&mut buf.k_data).and_then(|_| home.memset_zeros(&mut buf.v_data));
     let after_runs = home.record_event(None);
     let pending = (0..20).all(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(10));
         after_runs.as_ref().is_ok_and(|e| !e.is_complete())
     });
     // Open the gate before any assertion, so that a failure leaves no stream waiting.
-    let (opener_gate, _g) = gate.device_ptr(&opener);
-    // SAFETY: as above; the write releases `held`.
-    let opened = unsafe { cuStreamWriteValue32_v2(opener.cu_stream(), opener_gate, 1, 0) };
-    assert_eq!(opened, CUresult::CUDA_SUCCESS);
-    opener.synchronize().unwrap();
+    open_gate(word);
+    let _ = opened_tx.send(());
+    let watchdog_fired = watchdog.join().unwrap();
+    held.synchronize().unwrap();
     home.synchronize().unwrap();
+    assert_eq!(waits, CUresult::CUDA_SUCCESS);
     first.unwrap();
     second.unwrap();
     zeroed.unwrap();
+    assert!(!watchdog_fired, "a call blocked while the gate was shut: the watchdog opened it");
     assert!(pending, "the home stream ran past a decode still held on another stream");
     let (o, lse) = (home.clone_dtoh(&buf.o).unwrap(), home.clone_dtoh(&buf.lse).unwrap());
     check("held decode, store zeroed on its home stream afterwards", &spec, &o, &lse, &want);
@@ -1966,6 +1993,7 @@ fn reads_on_other_streams_join_the_operands_stream() {
     check("decode on a second stream", &spec, &o, &lse, &want);
     let zeros = home.clone_dtoh(&buf.k_data).unwrap();
     assert!(zeros.iter().all(|x| x.to_f32() == 0.0), "the zeroing did not run");
+    drop(gate);
     println!("{test}: the home stream waited for both decodes");
 }
 
@@ -2045,7 +2073,9 @@ fn requests_sharing_prefix_pages() {
         ("lean-scheduled", with_lens(tailed, 32, 8, 128, 16), default, DecodePath::LeanScheduled),
     ];
     let fp8 = runs_fp8(&dev, test);
-    for (i, (name, spec, pref, expected)) in cases.into_iter().enumerate() {
+    // `PAGED_DECODE_SHARED_PREFIX_CASES` runs only the first few (the sanitizers).
+    let count: usize = problem::env_number("PAGED_DECODE_SHARED_PREFIX_CASES", cases.len());
+    for (i, (name, spec, pref, expected)) in cases.into_iter().enumerate().take(count) {
         let spec = ProblemSpec { seed: 4500 + i as u64, poison_unused_slots: true, ..spec };
         shared_prefix_case::<f16, f16>(&dev, name, &spec, pref, expected);
         shared_prefix_case::<bf16, bf16>(&dev, name, &spec, pref, expected);
@@ -2389,11 +2419,13 @@ fn fp8_windows_and_sinks() {
         (vec![9000, 40, 0, 3000], 16, 8, 256, 1023, PlanPreference::default()),
         ((0..72).map(|i| (i * 397) % 3000).collect(), 16, 8, 256, 511, spare(72)),
     ];
-    for (i, (lens, hq, hkv, d, window_left, pref)) in cases.into_iter().enumerate() {
+    // `PAGED_DECODE_FP8_WINDOW_CASES` runs only the first few (the sanitizers' shorter runs).
+    let count: usize = problem::env_number("PAGED_DECODE_FP8_WINDOW_CASES", cases.len());
+    for (i, (lens, hq, hkv, d, window_left, pref)) in cases.into_iter().enumerate().take(count) {
         let spec = ProblemSpec { seed: 900 + i as u64, ..with_lens(lens, hq, hkv, d, 16) };
         two_fp8_pairings!(i, |Q, C| fp8_window_case::<Q, C>(&dev, i, &spec, window_left, pref));
     }
-    println!("{test}: 11 cases × 2 element pairs × 2 plans match the reference");
+    println!("{test}: {count} cases × 2 element pairs × 2 plans match the reference");
 }
 
 /// One case of [`fp8_windows_and_sinks`]: the plan of `pref`, and the same split four ways.

@@ -808,9 +808,10 @@ fn quantized_append<T: Element + ProblemCache, C: ProblemCache>(
     }
 }
 
-/// Appends `key` and `value` (7 requests × 4 KV heads) by `host`'s page table into a device copy
-/// of `store` with `plan` and `scales` (the interleaved layouts through `run_paired_scaled`);
-/// returns the K buffer and, when V has its own, the V buffer after the append.
+/// Appends `key` and `value` (`[batch, num_kv_heads, head_dim]` of `host`'s descriptor) by
+/// `host`'s page table into a device copy of `store` with `plan` and `scales` (the interleaved
+/// layouts through `run_paired_scaled`); returns the K buffer and, when V has its own, the V
+/// buffer after the append.
 fn append_into_store<T: Element + ProblemCache, C: ProblemCache>(
     dev: &Device,
     plan: &PagedKvAppendPlan<T, C>,
@@ -835,8 +836,8 @@ fn append_into_store<T: Element + ProblemCache, C: ProblemCache>(
     match &mut v_d {
         Some(v_d) => {
             let mut args = PagedKvAppendArgs {
-                key: TensorRef::new(key_d.slice(..), [7, 4, d]),
-                value: TensorRef::new(value_d.slice(..), [7, 4, d]),
+                key: TensorRef::new(key_d.slice(..), [host.desc.batch_size, kv.num_kv_heads, d]),
+                value: TensorRef::new(value_d.slice(..), [host.desc.batch_size, kv.num_kv_heads, d]),
                 k_data: TensorMut::strided(k_d.slice_mut(store.k_offset..), shape, store.stride),
                 v_data: TensorMut::strided(v_d.slice_mut(store.v_offset..), shape, store.stride),
                 indices: TensorRef::new(indices.slice(..), [n]),
@@ -847,8 +848,8 @@ fn append_into_store<T: Element + ProblemCache, C: ProblemCache>(
         }
         None => {
             let mut args = PagedKvAppendPairedArgs {
-                key: TensorRef::new(key_d.slice(..), [7, 4, d]),
-                value: TensorRef::new(value_d.slice(..), [7, 4, d]),
+                key: TensorRef::new(key_d.slice(..), [host.desc.batch_size, kv.num_kv_heads, d]),
+                value: TensorRef::new(value_d.slice(..), [host.desc.batch_size, kv.num_kv_heads, d]),
                 kv_data: TensorMut::strided(k_d.slice_mut(store.k_offset..), shape, store.stride),
                 v_offset: store.v_offset - store.k_offset,
                 indices: TensorRef::new(indices.slice(..), [n]),
