@@ -592,6 +592,9 @@ fn max_kv_len_case_with<T: Element + ProblemCache, C: ProblemCache>(
     let what = format!("{name} {:?}/{:?}", T::KIND, C::CACHE_KIND);
     let unbounded = plan.path(n);
     assert!(unbounded.splits(), "{what}: expected a split path without the bound, got {}", unbounded.name());
+    if pref.num_splits.is_some() {
+        assert_eq!(unbounded, DecodePath::Scheduled, "{what}: fixed splits of 33-64 requests");
+    }
     let (o, lse) = run_scaled_poisoned(dev, &plan, &host);
     let err = check(&format!("{what}, no bound"), &host.spec, &o, &lse, &r);
     plan.set_max_kv_len(Some(bound));
@@ -622,10 +625,12 @@ fn max_kv_len_picks_the_path_not_the_results() {
         with_lens(vec![0, 1, 17, 64, 128, 700, 3, 90, 1500, 33, 16, 127, 5, 64, 100, 2], 32, 8, 128, 16);
     max_kv_len_case::<f16, f16>(&dev, "ragged, bound below the lengths", &ragged, 128);
     max_kv_len_case::<bf16, bf16>(&dev, "ragged, bound below the lengths", &ragged, 16);
-    // 40 requests of up to 128 tokens with the lean kernel off: the scheduled path (the schedule
-    // kernel's partition) without the bound, the whole one under it.
+    // 40 requests of up to 128 tokens in two fixed splits with the lean kernel off: the scheduled
+    // path (the schedule kernel's partition) without the bound, the whole one under it (both
+    // caches, checked on the host for one to four CTAs per SM).
     let scheduled = with_lens((0..40).map(|i| 1 + (i * 37) % 128).collect(), 32, 8, 128, 16);
-    let lean_off = PlanPreference { lean_max_avg_tokens: Some(0), ..PlanPreference::default() };
+    let lean_off =
+        PlanPreference { lean_max_avg_tokens: Some(0), num_splits: Some(2), ..PlanPreference::default() };
     max_kv_len_case_with::<f16, f16>(&dev, "40 requests, lean off", &scheduled, 128, lean_off);
     if runs_fp8(&dev, "max_kv_len_picks_the_path_not_the_results (8-bit caches)") {
         max_kv_len_case::<f16, F8E4M3>(&dev, "16 x 64 tokens", &uniform, 64);
